@@ -1,0 +1,40 @@
+"""klrelease: differentially private release of labelled Gaussian mixture models.
+
+The pipeline, one module per step:
+
+1. :mod:`klrelease.statistics`  sufficient statistics (class counts, means, covariances);
+2. :mod:`klrelease.neighbours`  neighbouring datasets as constraints on the design;
+3. :mod:`klrelease.design`      the KL-minimising design (Wishart scale, mean-noise SDP,
+   weight-mapping PMF, alternating loop);
+4. :mod:`klrelease.sampling`    the noise laws that draw the released GMM.
+
+Mechanisms (:mod:`klrelease.mechanisms`) combine these; :func:`release` runs one and returns a
+versioned :class:`Release` artifact. Only a release whose ``privacy.certified`` is true carries a
+proven guarantee.
+"""
+
+from ._version import __version__
+from .artifact import Release
+from .data import LabelledData, as_labelled_data, load_dataset
+from .gmm import GMM, fit_gmm
+from .kl import KLEstimate, gaussian_kl, kl_divergence
+from .mechanisms import get_mechanism, mechanisms
+from .release import expected_kl, plan, release
+
+__all__ = [
+    "__version__",
+    "GMM",
+    "KLEstimate",
+    "LabelledData",
+    "Release",
+    "as_labelled_data",
+    "expected_kl",
+    "fit_gmm",
+    "gaussian_kl",
+    "get_mechanism",
+    "kl_divergence",
+    "load_dataset",
+    "mechanisms",
+    "plan",
+    "release",
+]

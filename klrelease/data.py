@@ -1,0 +1,318 @@
+"""Labelled datasets: validation, public metadata and loading.
+
+Every check here raises a :class:`ValueError` with one clear sentence. Messages name the
+argument and the rule that failed; they never quote data values, class counts or other
+statistics of the (private) dataset.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "LabelledData",
+    "as_labelled_data",
+    "check_privacy_parameters",
+    "load_dataset",
+    "load_csv",
+    "load_npz",
+    "DATASETS",
+]
+
+
+@dataclass(frozen=True)
+class LabelledData:
+    """A validated labelled dataset.
+
+    Attributes
+    ----------
+    X : ndarray of shape (N, d), float64
+        Features.
+    codes : ndarray of shape (N,), int64
+        Class index of every row, in ``0..K-1``.
+    classes : tuple
+        The class labels; ``classes[k]`` is the label of class index ``k``. The set of classes
+        is public (it fixes K); which rows carry which label is private.
+    bounds : tuple of two ndarrays of shape (d,) or None
+        A public box ``lower <= x <= upper`` known independently of the data, if any.
+    norm_bound : float or None
+        A public bound ``||x||_2 <= B``, if any.
+    feature_names : tuple of str
+    """
+
+    X: np.ndarray
+    codes: np.ndarray
+    classes: tuple
+    bounds: tuple[np.ndarray, np.ndarray] | None = None
+    norm_bound: float | None = None
+    feature_names: tuple[str, ...] = field(default=())
+
+    @property
+    def n_samples(self) -> int:
+        return self.X.shape[0]
+
+    @property
+    def n_features(self) -> int:
+        return self.X.shape[1]
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    def with_labels(self, codes: np.ndarray) -> LabelledData:
+        """The same features with other class indices (a neighbouring dataset, for audits)."""
+        return LabelledData(
+            self.X, np.asarray(codes, dtype=np.int64), self.classes, self.bounds,
+            self.norm_bound, self.feature_names,
+        )
+
+    def with_features(self, X: np.ndarray) -> LabelledData:
+        """Other features with the same labels (clipped data, or a neighbouring record)."""
+        return LabelledData(
+            np.asarray(X, dtype=np.float64), self.codes, self.classes, self.bounds,
+            self.norm_bound, self.feature_names,
+        )
+
+
+def check_privacy_parameters(epsilon: float, delta: float) -> tuple[float, float]:
+    """Validate (epsilon, delta): epsilon > 0 and finite, 0 < delta < 1."""
+    try:
+        eps = float(epsilon)
+    except (TypeError, ValueError):
+        raise ValueError(f"epsilon must be a number, got {epsilon!r}") from None
+    try:
+        dlt = float(delta)
+    except (TypeError, ValueError):
+        raise ValueError(f"delta must be a number, got {delta!r}") from None
+    if not np.isfinite(eps) or eps <= 0:
+        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+    if not np.isfinite(dlt) or not 0 < dlt < 1:
+        raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
+    return eps, dlt
+
+
+def _encode_labels(y, classes) -> tuple[np.ndarray, tuple]:
+    y = np.asarray(y)
+    if y.ndim == 2 and 1 in y.shape:
+        y = y.ravel()
+    if y.ndim != 1:
+        raise ValueError(f"y must be one-dimensional (one label per row), got shape {y.shape}")
+    if y.dtype.kind == "f":
+        if not np.all(np.isfinite(y)):
+            raise ValueError("y contains NaN or infinite labels; labels must be class identifiers")
+        if np.any(y != np.round(y)):
+            raise ValueError(
+                "y contains non-integer numbers; labels must be class identifiers "
+                "(integers or strings)"
+            )
+        y = y.astype(np.int64)
+    elif y.dtype.kind not in "iuUSOb":
+        raise ValueError(f"y must hold integer or string class labels, got dtype {y.dtype}")
+    if y.dtype.kind == "O":
+        y = y.astype(str)
+    if classes is None:
+        classes_arr = np.unique(y)
+    else:
+        classes_arr = np.asarray(list(classes))
+        if classes_arr.ndim != 1 or len(classes_arr) == 0:
+            raise ValueError("classes must be a non-empty sequence of labels")
+        if len(np.unique(classes_arr)) != len(classes_arr):
+            raise ValueError("classes must not repeat a label")
+        if y.dtype.kind in "US" and classes_arr.dtype.kind not in "US":
+            classes_arr = classes_arr.astype(str)
+    order = np.argsort(classes_arr, kind="stable")
+    sorted_classes = classes_arr[order]
+    pos = np.searchsorted(sorted_classes, y)
+    pos = np.clip(pos, 0, len(sorted_classes) - 1)
+    if not np.all(sorted_classes[pos] == y):
+        raise ValueError("y contains a label that is not one of the declared classes")
+    codes = order[pos].astype(np.int64)
+    return codes, tuple(c.item() if hasattr(c, "item") else c for c in classes_arr)
+
+
+def _check_bounds(bounds, d: int):
+    if bounds is None:
+        return None
+    try:
+        lower, upper = bounds
+    except (TypeError, ValueError):
+        raise ValueError("bounds must be a pair (lower, upper)") from None
+    lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), (d,)).copy()
+    upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (d,)).copy()
+    if not (np.all(np.isfinite(lower)) and np.all(np.isfinite(upper))):
+        raise ValueError("bounds must be finite")
+    if np.any(lower >= upper):
+        raise ValueError("bounds must satisfy lower < upper for every feature")
+    return lower, upper
+
+
+def as_labelled_data(
+    X,
+    y,
+    *,
+    classes=None,
+    bounds=None,
+    norm_bound: float | None = None,
+    feature_names=None,
+    min_class_size: int | None = None,
+) -> LabelledData:
+    """Validate ``(X, y)`` and return a :class:`LabelledData`.
+
+    Parameters
+    ----------
+    X : array-like of shape (N, d)
+        Finite real features.
+    y : array-like of shape (N,)
+        Class labels (integers or strings).
+    classes : sequence, optional
+        The public set of classes. Defaults to the labels present in ``y``.
+    bounds : (lower, upper), optional
+        Public per-feature box (scalars or arrays of shape (d,)).
+    norm_bound : float, optional
+        Public bound B on ``||x||_2``.
+    min_class_size : int, optional
+        Every class must hold at least this many rows. Defaults to ``max(2, d + 1)`` (the
+        class covariance (2c) must be invertible).
+
+    Raises
+    ------
+    ValueError
+        On NaN or infinite values, a shape mismatch, labels outside ``classes``, or a class
+        that is too small.
+    """
+    if isinstance(X, LabelledData):
+        if bounds is None and norm_bound is None:
+            return X
+        from dataclasses import replace
+
+        nb = X.norm_bound if norm_bound is None else float(norm_bound)
+        if nb is not None and (not np.isfinite(nb) or nb <= 0):
+            raise ValueError(f"norm_bound must be a finite number > 0, got {norm_bound!r}")
+        bd = X.bounds if bounds is None else _check_bounds(bounds, X.n_features)
+        return replace(X, bounds=bd, norm_bound=nb)
+    try:
+        X = np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError("X must be a numeric array of shape (n_samples, n_features)") from None
+    if X.ndim != 2:
+        raise ValueError(f"X must be two-dimensional (n_samples, n_features), got {X.ndim} dims")
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise ValueError("X must have at least one row and one column")
+    if not np.all(np.isfinite(X)):
+        raise ValueError("X contains NaN or infinite values")
+    y_arr = np.asarray(y)
+    if y_arr.ndim == 2 and 1 in y_arr.shape:
+        y_arr = y_arr.ravel()
+    if y_arr.ndim != 1 or y_arr.shape[0] != X.shape[0]:
+        raise ValueError("X and y must have the same number of rows")
+    codes, classes_t = _encode_labels(y_arr, classes)
+    d = X.shape[1]
+    K = len(classes_t)
+    if K < 2:
+        raise ValueError("at least two classes are needed to release a mixture")
+    need = max(2, d + 1) if min_class_size is None else int(min_class_size)
+    counts = np.bincount(codes, minlength=K)
+    if np.any(counts < need):
+        raise ValueError(
+            f"every class needs at least {need} rows (more than the {d} features, so that its "
+            "covariance is invertible); at least one class is smaller"
+        )
+    if norm_bound is not None:
+        norm_bound = float(norm_bound)
+        if not np.isfinite(norm_bound) or norm_bound <= 0:
+            raise ValueError(f"norm_bound must be a finite number > 0, got {norm_bound!r}")
+    names = tuple(feature_names) if feature_names is not None else tuple(
+        f"x{i}" for i in range(d)
+    )
+    if len(names) != d:
+        raise ValueError("feature_names must have one name per column of X")
+    return LabelledData(X, codes, classes_t, _check_bounds(bounds, d), norm_bound, names)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+#: Bundled datasets, with the public bounds documented in ``data/README.md``.
+DATASETS = {
+    "iris": {
+        "file": "iris.csv",
+        "label_column": "species",
+        "bounds": ([4.0, 2.0, 1.0, 0.0], [8.0, 4.5, 7.0, 2.6]),
+    },
+}
+
+
+def load_csv(path, label_column: str, *, delimiter: str = ","):
+    """Read a CSV file with a header row; returns ``(X, y, feature_names)``.
+
+    Every column except ``label_column`` must be numeric.
+    """
+    path = Path(path)
+    try:
+        with path.open(newline="") as fh:
+            rows = list(csv.reader(fh, delimiter=delimiter))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
+    if not rows:
+        raise ValueError(f"{path} is empty")
+    header, body = rows[0], [r for r in rows[1:] if r]
+    if label_column not in header:
+        raise ValueError(f"{path} has no column named {label_column!r}")
+    j = header.index(label_column)
+    if any(len(r) != len(header) for r in body):
+        raise ValueError(f"{path} has rows with a different number of fields than its header")
+    if not body:
+        raise ValueError(f"{path} has no data rows")
+    names = [h for i, h in enumerate(header) if i != j]
+    try:
+        X = np.array([[float(v) for i, v in enumerate(r) if i != j] for r in body])
+    except ValueError:
+        raise ValueError(f"{path}: every column except {label_column!r} must be numeric") from None
+    y = np.array([r[j] for r in body])
+    try:  # integer-coded labels stay integers
+        y = y.astype(np.int64)
+    except ValueError:
+        pass
+    return X, y, names
+
+
+def load_npz(path):
+    """Read an ``.npz`` archive holding arrays ``X`` and ``y``; returns ``(X, y)``."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if "X" not in z or "y" not in z:
+                raise ValueError(f"{path} must hold arrays named 'X' and 'y'")
+            return z["X"], z["y"]
+    except ValueError:
+        raise
+    except Exception as exc:  # zipfile / OSError variants
+        raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
+
+
+def _bundled_file(filename: str) -> Path:
+    """Path of a file of the top-level ``data/`` folder, installed as ``klrelease._data``."""
+    try:
+        ref = resources.files("klrelease._data").joinpath(filename)
+        if ref.is_file():
+            return Path(str(ref))
+    except ModuleNotFoundError:  # editable install: the folder sits beside the package
+        pass
+    path = Path(__file__).resolve().parent.parent / "data" / filename
+    if not path.is_file():
+        raise ValueError(f"bundled data file {filename!r} is missing from this installation")
+    return path
+
+
+def load_dataset(name: str) -> LabelledData:
+    """Load a bundled dataset (raw features, public bounds attached)."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; available: {', '.join(sorted(DATASETS))}")
+    meta = DATASETS[name]
+    X, y, names = load_csv(_bundled_file(meta["file"]), meta["label_column"])
+    return as_labelled_data(X, y, bounds=meta["bounds"], feature_names=names)

@@ -1,0 +1,135 @@
+"""Algorithm 1 of the paper: alternating optimisation of the budget split and the noise.
+
+Initialise eps_0 = eps_k = eps/3. Repeat until the objective (12) changes by at most ``tol``
+(at most ``max_iter`` times):
+
+1. gamma_k by the closed form (22);
+2. eps_k and the mean-noise covariance G_k by the SDP (23): eps_k takes all the budget left,
+   eps - eps_0 - 3 gamma_k/(2 N_k), and G_k = G1_k / c_k with G1_k solved once (homogeneity);
+3. eps_0 by (25) and the weight-mapping column by (26)-(27), normalised.
+
+The paper's accounting (9) then holds with equality: eps_0 + max_k(eps_k + 3 gamma_k/(2N_k)) =
+eps. That accounting is *not* a valid privacy guarantee (see :mod:`klrelease.mechanisms.kl_paper`).
+Under change-one-record adjacency the weights are released exactly (no eps_0, no mapping) and
+the loop starts from eps_k = eps/2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..neighbours import Adjacency, neighbour_counts
+from ..statistics import ClassStatistics
+from .mean_noise import SolverReport, unit_mean_noise
+from .objective import class_terms, design_objective, g_values, wishart_constant
+from .weight_mapping import WeightMapping, mapping_column
+from .wishart_scale import wishart_cost, wishart_scale
+
+__all__ = ["PaperDesign", "design_kl_paper"]
+
+
+@dataclass(frozen=True)
+class PaperDesign:
+    """Everything Algorithm 1 fixes before noise is drawn (data-dependent: never publish)."""
+
+    epsilon: float
+    delta: float
+    eps0: float
+    eps_k: np.ndarray  # (K,)
+    gamma: np.ndarray  # (K,)
+    wishart_costs: np.ndarray  # (K,) 3 gamma_k / (2 N_k)
+    mean_cov: np.ndarray  # (K, d, d) covariance of the mean noise, Gamma_k^{-1}
+    mapping: WeightMapping | None  # None when the weights are released exactly
+    objective: float  # (12) at the final iterate
+    objective_trace: tuple[float, ...]
+    iterations: int
+    printed_column_sum: float | None  # the un-normalised column sum of (26) (F6)
+    solver: SolverReport | None
+
+    @property
+    def budget_used(self) -> float:
+        """eps_0 + max_k (eps_k + 3 gamma_k / (2 N_k)): the paper's accounting (9)."""
+        return self.eps0 + float(np.max(self.eps_k + self.wishart_costs))
+
+
+def design_kl_paper(
+    X: np.ndarray,
+    codes: np.ndarray,
+    stats: ClassStatistics,
+    *,
+    epsilon: float,
+    delta: float,
+    adjacency: Adjacency = Adjacency.LABEL_FLIP,
+    norm_bound: float | None = None,
+    lam: float = 1e-3,
+    max_iter: int = 20,
+    tol: float = 1e-3,
+    solver: str = "auto",
+) -> PaperDesign:
+    """Run Algorithm 1 on the statistics of one dataset."""
+    K, d, N = stats.n_classes, stats.n_features, stats.n_samples
+    counts = stats.counts.astype(float)
+    sigma_inv = np.linalg.inv(stats.covariances)
+    sigma_inv = 0.5 * (sigma_inv + sigma_inv.transpose(0, 2, 1))
+    tr_sinv = np.einsum("kii->k", sigma_inv)
+    unit = unit_mean_noise(
+        X, codes, stats, sigma_inv, adjacency, norm_bound=norm_bound, solver=solver
+    )
+    log_term = 2.0 * np.log(2.0 / delta)
+    pi = stats.weights
+
+    has_weights = adjacency != Adjacency.CHANGE_ONE_RECORD
+    if has_weights:
+        nbr = neighbour_counts(stats.counts, adjacency)
+        support = np.vstack([stats.counts[None, :], nbr])
+        support_w = support / support.sum(axis=1, keepdims=True)
+        eps0 = epsilon / 3.0
+        eps_k = np.full(K, epsilon / 3.0)
+    else:
+        eps0 = 0.0
+        eps_k = np.full(K, epsilon / 2.0)
+
+    trace: list[float] = []
+    probs = None
+    col_sum = None
+    prev = np.inf
+    it = 0
+    for it in range(1, max_iter + 1):
+        gamma = wishart_scale(d, tr_sinv, counts, epsilon - eps0 - eps_k)
+        eps_k = epsilon - eps0 - wishart_cost(gamma, counts)
+        c = eps_k**2 / log_term
+        h = class_terms(d, gamma, tr_sinv, unit.T / c)
+        if has_weights:
+            eps0 = epsilon - float(np.max(eps_k + wishart_cost(gamma, counts)))
+            g = g_values(support_w, pi, h)
+            probs, col_sum = mapping_column(g, eps0, nbr.shape[0])
+            obj = design_objective(probs, support_w, pi, h, lam=lam, N=N, d=d)
+        else:
+            obj = float(np.sum(pi * h)) - wishart_constant(d)
+        trace.append(obj)
+        if abs(prev - obj) <= tol:
+            break
+        prev = obj
+
+    c = eps_k**2 / log_term
+    mean_cov = unit.G1 / c[:, None, None]
+    mapping = (
+        WeightMapping(support=support, probs=probs, lam=lam, total=N) if has_weights else None
+    )
+    return PaperDesign(
+        epsilon=epsilon,
+        delta=delta,
+        eps0=eps0,
+        eps_k=eps_k,
+        gamma=gamma,
+        wishart_costs=wishart_cost(gamma, counts),
+        mean_cov=mean_cov,
+        mapping=mapping,
+        objective=trace[-1],
+        objective_trace=tuple(trace),
+        iterations=it,
+        printed_column_sum=col_sum,
+        solver=unit.solver,
+    )

@@ -1,0 +1,51 @@
+"""The registry of release mechanisms.
+
+``mechanisms()`` lists the registered names; ``get_mechanism(name)`` returns the mechanism.
+A new mechanism subclasses :class:`~klrelease.mechanisms.base.Mechanism` and is registered with
+:func:`register`.
+"""
+
+from __future__ import annotations
+
+from .base import COMPONENTS, Guarantee, Mechanism, Plan, check_options
+
+__all__ = [
+    "COMPONENTS",
+    "Guarantee",
+    "Mechanism",
+    "Plan",
+    "check_options",
+    "get_mechanism",
+    "mechanisms",
+    "register",
+]
+
+_REGISTRY: dict[str, Mechanism] = {}
+
+
+def register(mechanism: Mechanism) -> Mechanism:
+    """Add a mechanism instance to the registry (its ``name`` must be new)."""
+    if mechanism.name in _REGISTRY:
+        raise ValueError(f"a mechanism named {mechanism.name!r} is already registered")
+    _REGISTRY[mechanism.name] = mechanism
+    return mechanism
+
+
+def mechanisms() -> list[str]:
+    """Names of the registered mechanisms."""
+    return list(_REGISTRY)
+
+
+def get_mechanism(name: str) -> Mechanism:
+    """The registered mechanism called ``name``."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown mechanism {name!r}; registered: {', '.join(_REGISTRY)}"
+        ) from None
+
+
+from . import kl_paper as _kl_paper  # noqa: E402  (registers itself)
+
+register(_kl_paper.KLPaper())

@@ -1,0 +1,194 @@
+"""``"kl-paper"``: the KL-minimising mechanism of Liu, Scaglione & Peisert, as specified.
+
+Mechanism (paper (5), (6), (15)): on dataset D with class statistics (pi, mu_k, Sigma_k),
+
+    mu~_k    = mu_k + w_k,     w_k ~ N(0, Gamma_k^{-1})
+    Sigma~_k = Sigma_k + W_k,  W_k ~ Wishart_d(I / gamma_k, d + 1)
+    pi~      ~ f(. | pi) = (1 - lambda) f'(. | pi) + lambda / |S|
+
+with Gamma_k, gamma_k, f' chosen by Algorithm 1 (:mod:`klrelease.design`) to minimise the
+design objective (12).
+
+Privacy map claimed by the paper (Theorem 1, label-flip adjacency):
+    eps >= eps_0 + max_k (eps_k + 3 gamma_k / (2 N_k)),
+    eps_k^2 / (2 ln(2/delta)) >= sup_v v^T Gamma_k v,
+    eps_0 >= |ln f(pi~|pi(D)) / f(pi~|pi(D'))|.
+Algorithm 1 meets these with equality, so the paper would call every release (eps, delta)-DP.
+
+That claim is NOT certified here, and the release says so, because it does not hold:
+
+a) The weight mapping is centred on pi(D). On a neighbour D' the design is centred on pi(D');
+   most outputs of D's mapping lie outside the support of D''s except for the lambda/|S|
+   floor, so the weights alone need delta ~ 0.6 (e.g. 0.618 for counts (335, 299, 317, 35, 14)
+   at every eps), far above any useful delta.
+b) Gamma_k, gamma_k and f' are optimised on the private data; Theorem 1 treats them as fixed
+   (calibrating noise to local sensitivity is not DP).
+c) The Wishart step: Sigma + W lives on {S : S > Sigma}, a data-dependent support, and its
+   cost 3 gamma/(2 N_k) assumes rows of norm <= 1. The mechanism it comes from is known not
+   to be DP.
+d) A label flip changes two classes; Theorem 1 takes a max over classes instead of adding
+   the two costs.
+e) (10) as printed lists only points leaving a class (joiners are included here).
+
+Use it to reproduce the paper. For a release whose stated (eps, delta) holds, use a
+certified mechanism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..data import LabelledData
+from ..design import PaperDesign, design_kl_paper
+from ..gmm import GMM
+from ..neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
+from ..sampling import GaussianNoise, WishartNoise
+from ..statistics import ClassStatistics, class_statistics, clip_to_norm
+from .base import Guarantee, Mechanism, Plan, check_options
+
+__all__ = ["KLPaper", "KLPaperPlan", "SOLVER_NAMES", "NOT_CERTIFIED_REASONS"]
+
+SOLVER_NAMES = ("auto", "native", "clarabel", "scs", "mosek")
+
+NOT_CERTIFIED_REASONS = (
+    "The randomised weights are centred on the true class counts: for a neighbouring dataset "
+    "most possible outputs change from likely to (almost) impossible, so the weights alone "
+    "can reveal a label change with probability around 0.6.",
+    "The noise levels are tuned on the private data itself, which the paper's proof does not "
+    "cover; the amount of noise can itself reveal information.",
+    "The Wishart covariance noise keeps the released covariance above the true one, so some "
+    "outputs are possible for one dataset and impossible for its neighbour; the mechanism it "
+    "is taken from is known not to be differentially private.",
+    "A label change touches two classes, but the paper's accounting charges only one.",
+)
+
+
+@dataclass
+class KLPaperPlan(Plan):
+    """The output law of ``kl-paper`` on one dataset (holds private statistics)."""
+
+    stats: ClassStatistics = None
+    design: PaperDesign = None
+    adjacency: Adjacency = Adjacency.LABEL_FLIP
+    _mean_noise: list = field(default_factory=list, repr=False)
+    _cov_noise: list = field(default_factory=list, repr=False)
+
+    def __post_init__(self):
+        self._mean_noise = [GaussianNoise(C) for C in self.design.mean_cov]
+        d = self.stats.n_features
+        self._cov_noise = [WishartNoise(d, float(g)) for g in self.design.gamma]
+
+    def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        if self.design.mapping is None:
+            counts = self.stats.counts.copy()
+        else:
+            counts = self.design.mapping.sample(rng)
+        means = self.stats.means + np.stack([n.sample(rng) for n in self._mean_noise])
+        covs = self.stats.covariances + np.stack([n.sample(rng) for n in self._cov_noise])
+        return {"weights": counts, "means": means, "covariances": covs}
+
+    def log_density(self, output: dict[str, np.ndarray]) -> dict[str, float]:
+        if self.design.mapping is None:
+            lw = 0.0 if np.array_equal(output["weights"], self.stats.counts) else -np.inf
+        else:
+            lw = self.design.mapping.log_pmf(output["weights"])
+        lm = sum(
+            n.logpdf(output["means"][k] - self.stats.means[k])
+            for k, n in enumerate(self._mean_noise)
+        )
+        lc = sum(
+            n.logpdf(output["covariances"][k] - self.stats.covariances[k])
+            for k, n in enumerate(self._cov_noise)
+        )
+        return {"weights": float(lw), "means": float(lm), "covariances": float(lc)}
+
+    def finalize(self, output: dict[str, np.ndarray]) -> GMM:
+        counts = np.asarray(output["weights"], dtype=float)
+        covs = 0.5 * (output["covariances"] + np.swapaxes(output["covariances"], -1, -2))
+        return GMM(counts / counts.sum(), output["means"], covs, self.classes)
+
+
+class KLPaper(Mechanism):
+    """The paper's mechanism (Algorithm 1), reproduced faithfully; not certified."""
+
+    name = "kl-paper"
+    summary = "KL-minimising design of the paper (Algorithm 1); paper reproduction, not certified"
+    options = {
+        "adjacency": Adjacency.LABEL_FLIP.value,
+        "norm_bound": None,
+        "lam": 1e-3,
+        "max_iter": 20,
+        "tol": 1e-3,
+        "solver": "auto",
+    }
+
+    def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> KLPaperPlan:
+        opts = check_options(self, options)
+        try:
+            adjacency = Adjacency(opts["adjacency"])
+        except ValueError:
+            allowed = ", ".join(a.value for a in Adjacency if a != Adjacency.REPLACE_ONE)
+            raise ValueError(
+                f"unknown adjacency {opts['adjacency']!r} for kl-paper; allowed: {allowed}"
+            ) from None
+        if adjacency == Adjacency.REPLACE_ONE:
+            raise ValueError("kl-paper does not implement replace-one adjacency")
+        lam = float(opts["lam"])
+        if not 0 <= lam < 1:
+            raise ValueError(f"lam must lie in [0, 1), got {opts['lam']!r}")
+        if int(opts["max_iter"]) < 1:
+            raise ValueError(f"max_iter must be >= 1, got {opts['max_iter']!r}")
+        if float(opts["tol"]) < 0:
+            raise ValueError(f"tol must be >= 0, got {opts['tol']!r}")
+        if opts["solver"] not in SOLVER_NAMES:
+            raise ValueError(
+                f"unknown solver {opts['solver']!r}; allowed: {', '.join(SOLVER_NAMES)}"
+            )
+        X = data.X
+        B = opts["norm_bound"] if opts["norm_bound"] is not None else data.norm_bound
+        if adjacency != Adjacency.LABEL_FLIP:
+            if B is None:
+                raise ValueError(
+                    f"adjacency {adjacency.value!r} needs a public bound on the row norms: "
+                    "pass norm_bound=B (rows are clipped to ||x|| <= B)"
+                )
+            B = float(B)
+            if not np.isfinite(B) or B <= 0:
+                raise ValueError(f"norm_bound must be a finite number > 0, got {B!r}")
+            X = clip_to_norm(X, B)
+        stats = class_statistics(X, data.codes, data.n_classes)
+        design = design_kl_paper(
+            X, data.codes, stats, epsilon=epsilon, delta=delta, adjacency=adjacency,
+            norm_bound=B, lam=lam, max_iter=int(opts["max_iter"]), tol=float(opts["tol"]),
+            solver=opts["solver"],
+        )
+        guarantee = Guarantee(
+            epsilon=epsilon,
+            delta=delta,
+            neighbouring=adjacency.value,
+            certified=False,
+            statement=(
+                "Paper reproduction, NOT certified: the (epsilon, delta) above is the paper's "
+                "own accounting (its Theorem 1), which does not hold for this mechanism. Do not "
+                "rely on this release to protect the people in the data."
+            ),
+            reasons=NOT_CERTIFIED_REASONS,
+            accounting="paper Theorem 1 (basic composition, max over classes)",
+        )
+        public = {
+            "adjacency": adjacency.value,
+            "adjacency_meaning": ADJACENCY_DESCRIPTIONS[adjacency],
+            "lam": lam,
+            "max_iter": int(opts["max_iter"]),
+            "tol": float(opts["tol"]),
+            "solver": opts["solver"],
+        }
+        if adjacency != Adjacency.LABEL_FLIP:
+            public["norm_bound"] = B
+        return KLPaperPlan(
+            mechanism=self.name, guarantee=guarantee, classes=data.classes,
+            public_options=public, solver=design.solver, stats=stats, design=design,
+            adjacency=adjacency,
+        )

@@ -1,0 +1,120 @@
+"""The entry points: design a mechanism on a dataset, and release a GMM."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from .artifact import PrivacyBlock, RandomnessBlock, Release, SolverBlock
+from .data import as_labelled_data, check_privacy_parameters
+from .kl import KLEstimate, monte_carlo_kl
+from .mechanisms import Plan, get_mechanism
+from .rng import make_rng
+
+__all__ = ["plan", "release", "expected_kl"]
+
+log = logging.getLogger("klrelease")
+
+
+def plan(
+    X,
+    y,
+    *,
+    epsilon: float,
+    delta: float,
+    mechanism: str = "kl-paper",
+    classes=None,
+    bounds=None,
+    norm_bound: float | None = None,
+    **options,
+) -> Plan:
+    """Validate the inputs and design ``mechanism`` on ``(X, y)`` without drawing noise.
+
+    The returned :class:`~klrelease.mechanisms.Plan` holds private statistics: use it for
+    experiments (:func:`expected_kl`) and audits, never publish it.
+    """
+    eps, dlt = check_privacy_parameters(epsilon, delta)
+    mech = get_mechanism(mechanism)
+    data = as_labelled_data(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound)
+    return mech.plan(data, epsilon=eps, delta=dlt, **options)
+
+
+def release(
+    X,
+    y,
+    *,
+    epsilon: float,
+    delta: float,
+    mechanism: str = "kl-paper",
+    seed: int | None = None,
+    classes=None,
+    bounds=None,
+    norm_bound: float | None = None,
+    **options,
+) -> Release:
+    """Release a labelled GMM of ``(X, y)`` with the named mechanism.
+
+    Parameters
+    ----------
+    X : array-like of shape (N, d)
+        Features (finite).
+    y : array-like of shape (N,)
+        Class labels; every class needs more than d rows.
+    epsilon, delta : float
+        The privacy parameters (epsilon > 0, 0 < delta < 1).
+    mechanism : str
+        A name from :func:`klrelease.mechanisms`.
+    seed : int, optional
+        Reproducible noise for experiments. Without it (the default) the noise comes from a
+        cryptographically secure generator; a seeded release is marked ``secure=False``.
+    classes : sequence, optional
+        The public list of classes (default: the labels present in ``y``).
+    bounds, norm_bound : optional
+        Public bounds on the features (a box, or a bound on ``||x||_2``).
+    **options
+        Mechanism options (see ``get_mechanism(name).options``).
+
+    Returns
+    -------
+    Release
+        The artifact; ``release.gmm`` is the released :class:`~klrelease.gmm.GMM` and
+        ``release.privacy`` states the claim and whether it is certified.
+    """
+    eps, dlt = check_privacy_parameters(epsilon, delta)
+    mech = get_mechanism(mechanism)
+    data = as_labelled_data(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound)
+    p = mech.plan(data, epsilon=eps, delta=dlt, **options)
+    src = make_rng(seed)
+    gmm = p.draw(src.generator)
+    g = p.guarantee
+    solver = None
+    if p.solver is not None:
+        solver = SolverBlock(solver=p.solver.solver, status=p.solver.status,
+                             time_s=round(p.solver.time, 4), n_solves=p.solver.n_solves)
+    note = ("noise from a ChaCha20 CSPRNG keyed by the operating system" if src.secure else
+            "seeded generator: reproducible, for experiments only; not a secure release")
+    out = Release(
+        mechanism=p.mechanism,
+        gmm=gmm,
+        feature_names=list(data.feature_names),
+        privacy=PrivacyBlock(
+            epsilon=g.epsilon, delta=g.delta, neighbouring=g.neighbouring,
+            certified=g.certified, statement=g.statement, reasons=list(g.reasons),
+            accounting=g.accounting,
+        ),
+        options=p.public_options,
+        solver=solver,
+        randomness=RandomnessBlock(secure=src.secure, seed=src.seed, note=note),
+    )
+    log.info("released %s", out.summary())
+    return out
+
+
+def expected_kl(p: Plan, reference, *, n_draws: int = 100, seed=None) -> KLEstimate:
+    """Monte Carlo estimate of E[KL(release || reference)] over the mechanism's randomness.
+
+    ``reference`` is the non-private GMM (:func:`klrelease.fit_gmm`).
+    """
+    rng = make_rng(seed).generator if not isinstance(seed, np.random.Generator) else seed
+    return monte_carlo_kl(lambda: p.draw(rng), reference, n_draws)

@@ -1,0 +1,129 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from klrelease.cli import main
+
+CLI = [sys.executable, "-m", "klrelease"]
+
+
+def run(args, cwd):
+    return subprocess.run(CLI + args, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_quick_start_release_inspect_sample(tmp_path):
+    r = run(["release", "--dataset", "iris", "--epsilon", "2", "--delta", "1e-5",
+             "--out", "release.json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    doc = json.loads((tmp_path / "release.json").read_text())
+    assert doc["mechanism"] == "kl-paper" and doc["privacy"]["certified"] is False
+    r = run(["inspect", "release.json"], tmp_path)
+    assert r.returncode == 0 and "NOT certified" in r.stdout and "setosa" in r.stdout
+    r = run(["sample", "release.json", "-n", "25", "--out", "syn.csv", "--seed", "1"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = (tmp_path / "syn.csv").read_text().splitlines()
+    assert lines[0].startswith("sepal_length") and len(lines) == 26
+
+
+def _write_csv(path, X, y, label="class"):
+    with open(path, "w") as fh:
+        fh.write(",".join([f"f{i}" for i in range(X.shape[1])] + [label]) + "\n")
+        for row, lab in zip(X, y):
+            fh.write(",".join(str(v) for v in row) + f",{lab}\n")
+
+
+def test_csv_and_npz_inputs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 2)) + np.repeat([[0, 0], [4, 0], [0, 4]], 20, axis=0)
+    y = np.repeat(["a", "b", "c"], 20)
+    _write_csv(tmp_path / "d.csv", X, y)
+    assert main(["release", "--csv", "d.csv", "--label-column", "class", "--epsilon", "1",
+                 "--delta", "1e-5", "--out", "a.json", "--seed", "0"]) == 0
+    np.savez(tmp_path / "d.npz", X=X, y=np.repeat([0, 1, 2], 20))
+    assert main(["release", "--npz", "d.npz", "--epsilon", "1", "--delta", "1e-5",
+                 "--out", "b.json", "--option", "adjacency=change-one-record",
+                 "--norm-bound", "6"]) == 0
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["privacy"]["neighbouring"] == "change-one-record"
+
+
+BAD = {
+    "eps zero": ["--dataset", "iris", "--epsilon", "0", "--delta", "1e-5"],
+    "eps negative": ["--dataset", "iris", "--epsilon", "-1", "--delta", "1e-5"],
+    "eps text": ["--dataset", "iris", "--epsilon", "abc", "--delta", "1e-5"],
+    "delta zero": ["--dataset", "iris", "--epsilon", "1", "--delta", "0"],
+    "delta one": ["--dataset", "iris", "--epsilon", "1", "--delta", "1"],
+    "unknown mechanism": ["--dataset", "iris", "--epsilon", "1", "--delta", "1e-5",
+                          "--mechanism", "nope"],
+    "unknown solver": ["--dataset", "iris", "--epsilon", "1", "--delta", "1e-5",
+                       "--option", "solver=gurobi"],
+    "unknown dataset": ["--dataset", "wine", "--epsilon", "1", "--delta", "1e-5"],
+    "no input": ["--epsilon", "1", "--delta", "1e-5"],
+    "unreadable csv": ["--csv", "missing.csv", "--label-column", "c", "--epsilon", "1",
+                       "--delta", "1e-5"],
+    "unreadable npz": ["--npz", "garbage.npz", "--epsilon", "1", "--delta", "1e-5"],
+    "nan in csv": ["--csv", "nan.csv", "--label-column", "class", "--epsilon", "1",
+                   "--delta", "1e-5"],
+    "inf in csv": ["--csv", "inf.csv", "--label-column", "class", "--epsilon", "1",
+                   "--delta", "1e-5"],
+    "tiny class": ["--csv", "tiny.csv", "--label-column", "class", "--epsilon", "1",
+                   "--delta", "1e-5"],
+    "class not above d": ["--csv", "small.csv", "--label-column", "class", "--epsilon", "1",
+                          "--delta", "1e-5"],
+    "float labels": ["--npz", "floatlab.npz", "--epsilon", "1", "--delta", "1e-5"],
+    "shape mismatch": ["--npz", "mismatch.npz", "--epsilon", "1", "--delta", "1e-5"],
+    "missing label column": ["--csv", "nan.csv", "--label-column", "nope", "--epsilon", "1",
+                             "--delta", "1e-5"],
+}
+
+
+@pytest.fixture
+def bad_files(tmp_path):
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(30, 3))
+    y = np.repeat(["a", "b", "c"], 10)
+    Xn = X.copy()
+    Xn[3, 1] = np.nan
+    _write_csv(tmp_path / "nan.csv", Xn, y)
+    Xi = X.copy()
+    Xi[4, 0] = np.inf
+    _write_csv(tmp_path / "inf.csv", Xi, y)
+    _write_csv(tmp_path / "tiny.csv", X[:21], np.array(["a"] * 10 + ["b"] * 10 + ["c"]))
+    _write_csv(tmp_path / "small.csv", X[:23], np.array(["a"] * 10 + ["b"] * 10 + ["c"] * 3))
+    (tmp_path / "garbage.npz").write_bytes(b"not a zip file")
+    np.savez(tmp_path / "floatlab.npz", X=X, y=np.linspace(0, 2, 30))
+    np.savez(tmp_path / "mismatch.npz", X=X, y=np.repeat([0, 1, 2], 9))
+    return tmp_path
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_exits_2_with_one_line(case, bad_files, monkeypatch, capsys):
+    monkeypatch.chdir(bad_files)
+    code = main(["release", *BAD[case], "--out", "out.json"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("error:"), err
+    assert "Traceback" not in err
+    assert not (bad_files / "out.json").exists()
+
+
+def test_bad_artifact_for_inspect_and_sample(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.json").write_text("{not json")
+    for args in (["inspect", "bad.json"], ["sample", "bad.json", "--out", "s.csv"],
+                 ["inspect", "absent.json"]):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("error:")
+    assert not (tmp_path / "s.csv").exists()
+
+
+def test_cli_process_has_no_traceback_on_bad_input(tmp_path):
+    r = run(["release", "--dataset", "iris", "--epsilon", "0", "--delta", "1e-5"], tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
