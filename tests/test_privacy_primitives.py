@@ -20,7 +20,7 @@ VECTORS = [(0.5, 1e-5, 7.031827), (1, 1e-5, 3.730632), (2, 1e-5, 1.993812),
 
 @pytest.mark.parametrize("eps, delta, sigma", VECTORS)
 def test_analytic_gaussian_reference_values(eps, delta, sigma):
-    assert analytic_gaussian_sigma(eps, delta) == pytest.approx(sigma, abs=2e-6)
+    assert analytic_gaussian_sigma(eps, delta) == pytest.approx(sigma, rel=2e-7, abs=1e-6)
     assert gaussian_delta(sigma * (1 + 1e-6), eps) <= delta
     assert gaussian_delta(sigma * (1 - 1e-4), eps) > delta
 
