@@ -64,6 +64,7 @@ def class_neighbour_vectors(
     *,
     leavers: bool = True,
     joiners: bool = True,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Distinct mean changes of class ``k`` over its neighbours (F1), as rows.
 
@@ -74,6 +75,8 @@ def class_neighbour_vectors(
     mean_k, count_k : mean and size of class k in D.
     leavers : include points of class k leaving it (label flip, remove-one).
     joiners : include points of other classes joining it (label flip).
+    out : optional (N, d) buffer reused for the result when both kinds are included
+        (saves a large allocation per class on big datasets).
 
     Returns
     -------
@@ -83,7 +86,9 @@ def class_neighbour_vectors(
     member = codes == k
     if leavers and joiners:
         scale = np.where(member, 1.0 / (count_k - 1), 1.0 / (count_k + 1))
-        return (X - mean_k) * scale[:, None]
+        V = np.subtract(X, mean_k, out=out)
+        V *= scale[:, None]
+        return V
     if leavers:
         return (X[member] - mean_k) / (count_k - 1)
     if joiners:

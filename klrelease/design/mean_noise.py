@@ -76,6 +76,7 @@ def unit_mean_noise(
     K, d = stats.n_classes, stats.n_features
     G1 = np.empty((K, d, d))
     results = []
+    buffer = np.empty_like(X) if adjacency == Adjacency.LABEL_FLIP else None
     for k in range(K):
         if adjacency in (Adjacency.CHANGE_ONE_RECORD, Adjacency.ADD_ONE):
             r = 2.0 * norm_bound / stats.counts[k]
@@ -83,7 +84,7 @@ def unit_mean_noise(
             continue
         V = class_neighbour_vectors(
             X, codes, k, stats.means[k], int(stats.counts[k]),
-            leavers=True, joiners=adjacency == Adjacency.LABEL_FLIP,
+            leavers=True, joiners=adjacency == Adjacency.LABEL_FLIP, out=buffer,
         )
         res = solvers.mean_noise_sdp(sigma_inv[k], V, solver=solver)
         G1[k] = res.G
