@@ -17,6 +17,14 @@ __all__ = ["plan", "release", "expected_kl"]
 log = logging.getLogger("klrelease")
 
 
+def _bounds_option(bounds, options: dict):
+    """A named way of choosing bounds (e.g. ``"features"``) is a mechanism option."""
+    if isinstance(bounds, str):
+        options["bounds"] = bounds
+        return None
+    return bounds
+
+
 def plan(
     X,
     y,
@@ -36,6 +44,7 @@ def plan(
     """
     eps, dlt = check_privacy_parameters(epsilon, delta)
     mech = get_mechanism(mechanism)
+    bounds = _bounds_option(bounds, options)
     data = as_labelled_data(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound)
     return mech.plan(data, epsilon=eps, delta=dlt, **options)
 
@@ -71,7 +80,9 @@ def release(
     classes : sequence, optional
         The public list of classes (default: the labels present in ``y``).
     bounds, norm_bound : optional
-        Public bounds on the features (a box, or a bound on ``||x||_2``).
+        Public bounds on the features (a box, or a bound on ``||x||_2``). ``bounds`` may also
+        name a mechanism's own way of choosing them, passed on as its option ``bounds``
+        (``"features"``: under label-flip adjacency, the box spanned by the public features).
     **options
         Mechanism options (see ``get_mechanism(name).options``).
 
@@ -83,6 +94,7 @@ def release(
     """
     eps, dlt = check_privacy_parameters(epsilon, delta)
     mech = get_mechanism(mechanism)
+    bounds = _bounds_option(bounds, options)
     data = as_labelled_data(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound)
     p = mech.plan(data, epsilon=eps, delta=dlt, **options)
     src = make_rng(seed)

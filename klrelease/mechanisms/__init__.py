@@ -49,3 +49,7 @@ def get_mechanism(name: str) -> Mechanism:
 from . import kl_paper as _kl_paper  # noqa: E402  (registers itself)
 
 register(_kl_paper.KLPaper())
+
+from . import gaussian_iid as _gaussian_iid  # noqa: E402
+
+register(_gaussian_iid.GaussianIID())
