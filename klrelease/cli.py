@@ -243,3 +243,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     sys.exit(main())
+
+
+from .experiments.cli import experiment_command  # noqa: E402,F401  (registers the command)

@@ -1,0 +1,24 @@
+"""The paper's synthetic experiments (figures 1-5 and 13), reproducible from one command.
+
+``klrelease experiment fig2`` (or :func:`run_experiment`) draws the paper's synthetic datasets
+(:mod:`.synthetic`), runs every mechanism of the figure on them (:mod:`.runner`), summarises
+the exact KL over trials (:mod:`.summary`), draws the figure (:mod:`.figures`) and writes a
+results folder with the CSV of every trial, the PNG and a JSON of settings, versions and wall
+time (:mod:`.run`). The settings of each figure are in :mod:`.settings`.
+"""
+
+from .run import ExperimentResult, run_experiment
+from .settings import EXPERIMENTS, Experiment, MechanismSpec, SyntheticSetting, get_experiment
+from .synthetic import SyntheticData, draw_synthetic
+
+__all__ = [
+    "EXPERIMENTS",
+    "Experiment",
+    "ExperimentResult",
+    "MechanismSpec",
+    "SyntheticData",
+    "SyntheticSetting",
+    "draw_synthetic",
+    "get_experiment",
+    "run_experiment",
+]
