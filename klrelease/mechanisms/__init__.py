@@ -53,3 +53,7 @@ register(_kl_paper.KLPaper())
 from . import gaussian_iid as _gaussian_iid  # noqa: E402
 
 register(_gaussian_iid.GaussianIID())
+
+from . import laplace_iid as _laplace_iid  # noqa: E402
+
+register(_laplace_iid.LaplaceIID())

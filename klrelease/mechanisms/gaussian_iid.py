@@ -91,8 +91,11 @@ def certified_statement(common: Common, epsilon: float, delta: float) -> str:
         "public norm bound": "clipped to the public norm bound",
         "features": "inside the bounding box of the (public) features",
     }[common.domain.source]
+    claim = (f"({epsilon:g}, 0)-differentially private (pure DP, hence ({epsilon:g}, delta) "
+             "for every delta)" if delta == 0 else
+             f"({epsilon:g}, {delta:g})-differentially private")
     return (
-        f"({epsilon:g}, {delta:g})-differentially private under {common.adjacency.value} "
+        f"{claim} under {common.adjacency.value} "
         f"adjacency, proven for datasets whose rows are {where} and whose classes each hold at "
         f"least {common.n_min} rows (min_class_size; checked before release)."
     )
