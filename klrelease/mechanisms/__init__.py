@@ -57,3 +57,11 @@ register(_gaussian_iid.GaussianIID())
 from . import laplace_iid as _laplace_iid  # noqa: E402
 
 register(_laplace_iid.LaplaceIID())
+
+from . import colored_gaussian as _colored_gaussian  # noqa: E402
+
+register(_colored_gaussian.ColoredGaussian())
+
+from . import kl_certified as _kl_certified  # noqa: E402
+
+register(_kl_certified.KLCertified())
