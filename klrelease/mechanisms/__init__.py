@@ -65,3 +65,7 @@ register(_colored_gaussian.ColoredGaussian())
 from . import kl_certified as _kl_certified  # noqa: E402
 
 register(_kl_certified.KLCertified())
+
+from . import r1smg as _r1smg  # noqa: E402
+
+register(_r1smg.R1SMG())
