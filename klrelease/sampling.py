@@ -58,6 +58,23 @@ class GaussianNoise:
         r = vals.shape[0]
         return float(-0.5 * (np.sum(z**2 / vals) + np.sum(np.log(vals)) + r * np.log(2 * np.pi)))
 
+    def sample_many(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """Draw ``n`` independent noise vectors, shape (n, d)."""
+        root, _, _ = psd_sqrt(self.cov)
+        return (root @ rng.standard_normal((root.shape[1], n))).T
+
+    def logpdf_many(self, w: np.ndarray) -> np.ndarray:
+        """:meth:`logpdf` of every row of ``w`` (shape (n, d)), vectorised."""
+        _, vals, vecs = psd_sqrt(self.cov)
+        w = np.asarray(w, dtype=float)
+        z = w @ vecs
+        resid = np.linalg.norm(w - z @ vecs.T, axis=1)
+        scale = np.maximum(np.linalg.norm(w, axis=1), 1e-300)
+        off = (resid > 1e-9 * scale) & (resid > 1e-12)
+        r = vals.shape[0]
+        out = -0.5 * (np.sum(z**2 / vals, axis=1) + np.sum(np.log(vals)) + r * np.log(2 * np.pi))
+        return np.where(off, -np.inf, out)
+
 
 @dataclass(frozen=True)
 class WishartNoise:
@@ -87,6 +104,20 @@ class WishartNoise:
             - 0.5 * n * d * np.log(2.0)
             - multigammaln(n / 2.0, d)
         )
+
+    def sample_many(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """Draw ``n`` independent matrices, shape (n, d, d)."""
+        Z = rng.standard_normal((n, self.d, self.d + 1)) / np.sqrt(self.gamma)
+        return Z @ np.swapaxes(Z, 1, 2)
+
+    def logpdf_many(self, W: np.ndarray) -> np.ndarray:
+        """:meth:`logpdf` of every matrix of ``W`` (shape (n, d, d)), vectorised."""
+        W = 0.5 * (W + np.swapaxes(W, 1, 2))
+        d, n = self.d, self.d + 1
+        const = (0.5 * n * d * np.log(self.gamma) - 0.5 * n * d * np.log(2.0)
+                 - multigammaln(n / 2.0, d))
+        out = -0.5 * self.gamma * np.einsum("nii->n", W) + const
+        return np.where(np.linalg.eigvalsh(W)[:, 0] <= 0, -np.inf, out)
 
 
 def uniform_composition(rng: np.random.Generator, N: int, K: int) -> np.ndarray:

@@ -97,3 +97,16 @@ class WeightMapping:
         if self.lam > 0 and counts.sum() == self.total and np.all(counts >= 1):
             log_unif = np.log(self.lam) - log_num_compositions(self.total, self.n_classes)
         return float(np.logaddexp(log_main, log_unif))
+
+    def log_pmf_many(self, counts: np.ndarray) -> np.ndarray:
+        """:meth:`log_pmf` of every row of ``counts`` (shape (n, K)), vectorised."""
+        counts = np.asarray(counts, dtype=np.int64)
+        hit = np.all(counts[:, None, :] == self.support[None, :, :], axis=2)  # (n, m)
+        p_main = hit.astype(float) @ self.probs
+        with np.errstate(divide="ignore"):
+            log_main = np.log((1.0 - self.lam) * p_main)
+        log_unif = np.full(counts.shape[0], -np.inf)
+        if self.lam > 0:
+            ok = (counts.sum(axis=1) == self.total) & np.all(counts >= 1, axis=1)
+            log_unif[ok] = np.log(self.lam) - log_num_compositions(self.total, self.n_classes)
+        return np.logaddexp(log_main, log_unif)

@@ -104,6 +104,34 @@ class KLPaperPlan(Plan):
         )
         return {"weights": float(lw), "means": float(lm), "covariances": float(lc)}
 
+    def sample_many(self, rng: np.random.Generator, n: int) -> list[dict[str, np.ndarray]]:
+        """``n`` independent raw outputs (same law as :meth:`sample`, drawn in blocks)."""
+        if self.design.mapping is None:
+            counts = np.tile(self.stats.counts, (n, 1))
+        else:
+            counts = np.stack([self.design.mapping.sample(rng) for _ in range(n)])
+        means = self.stats.means[None] + np.stack(
+            [m.sample_many(rng, n) for m in self._mean_noise], axis=1)
+        covs = self.stats.covariances[None] + np.stack(
+            [c.sample_many(rng, n) for c in self._cov_noise], axis=1)
+        return [{"weights": counts[i], "means": means[i], "covariances": covs[i]}
+                for i in range(n)]
+
+    def log_density_many(self, outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """:meth:`log_density` of every output, vectorised; arrays of shape (n,)."""
+        counts = np.stack([o["weights"] for o in outputs])
+        means = np.stack([o["means"] for o in outputs])
+        covs = np.stack([o["covariances"] for o in outputs])
+        if self.design.mapping is None:
+            lw = np.where(np.all(counts == self.stats.counts, axis=1), 0.0, -np.inf)
+        else:
+            lw = self.design.mapping.log_pmf_many(counts)
+        lm = sum(n.logpdf_many(means[:, k] - self.stats.means[k])
+                 for k, n in enumerate(self._mean_noise))
+        lc = sum(n.logpdf_many(covs[:, k] - self.stats.covariances[k])
+                 for k, n in enumerate(self._cov_noise))
+        return {"weights": lw, "means": lm, "covariances": lc}
+
     def finalize(self, output: dict[str, np.ndarray]) -> GMM:
         counts = np.asarray(output["weights"], dtype=float)
         covs = 0.5 * (output["covariances"] + np.swapaxes(output["covariances"], -1, -2))
