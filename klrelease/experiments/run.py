@@ -177,7 +177,7 @@ def run_experiment(
     else:
         outcomes = run_trials(exp, mechs, jobs=int(jobs))
     rows, warns, guarantees, solvers = _merge(outcomes)
-    mech_names = [m.name for m in mechs]
+    mech_names = [m.id for m in mechs]
     summary = summarise(rows, mech_names, exp.values)
     wall_trials = time.perf_counter() - t0
 
@@ -185,7 +185,7 @@ def run_experiment(
     png_path = directory / f"{exp.name}.png"
     json_path = directory / f"{exp.name}.json"
     _write_csv(csv_path, rows)
-    labels = {m.name: m.label for m in mechs}
+    labels = {m.id: m.label for m in mechs}
     plot_experiment(exp, summary, labels, png_path)
     wall = time.perf_counter() - t0
     plan_time: dict[str, float] = {}

@@ -2,9 +2,13 @@
 
 A trial ``t`` draws a dataset from the stream ``(seed, t, 0, i)`` (``i`` the index of the swept
 value when the value changes the data, N, K or d; otherwise 0, so every epsilon or clipping
-bound of a trial sees the same dataset), and the noise of mechanism ``j`` at value ``i`` from
-the stream ``(seed, t, 1, i, j)``. Results are therefore reproducible per trial whatever the
-number of trials or worker processes.
+bound of a trial sees the same dataset), and the noise of a mechanism at value ``i`` from the
+stream ``(seed, t, 1, i, crc32(mechanism id))``. Results are therefore reproducible per trial
+whatever the number of trials, worker processes or mechanisms.
+
+Options: kl-paper gets the experiment's lambda; a mechanism that takes a public lower bound on
+the class sizes (``min_class_size``) gets the floor every synthetic class has by construction
+(:class:`~klrelease.experiments.settings.SyntheticSetting`), unless the figure sets it.
 
 For each (trial, value, mechanism) the runner designs the mechanism once
 (:func:`klrelease.plan`) and draws ``n_draws`` releases; the row holds the exact KL of each
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import time
 import warnings
+import zlib
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -31,6 +36,7 @@ import numpy as np
 
 from ..gmm import fit_gmm
 from ..kl import kl_divergence
+from ..mechanisms import get_mechanism
 from ..mechanisms import mechanisms as registered_mechanisms
 from ..release import plan as make_plan
 from ..statistics import clip_to_norm
@@ -63,7 +69,7 @@ def available_mechanisms(exp: Experiment) -> tuple[list[MechanismSpec], list[str
     """The experiment's mechanisms that are registered, and the names that are not."""
     names = set(registered_mechanisms())
     present = [m for m in exp.mechanisms if m.name in names]
-    missing = [m.name for m in exp.mechanisms if m.name not in names]
+    missing = [m.id for m in exp.mechanisms if m.name not in names]
     return present, missing
 
 
@@ -100,20 +106,23 @@ def run_trial(exp: Experiment, trial: int, mechs: list[MechanismSpec]) -> TrialO
         if exp.record_level:
             raw_reference = reference
             reference = fit_gmm(clip_to_norm(X, bound), y)
-        for j, spec in enumerate(mechs):
+        for spec in mechs:
             row = {
                 "figure": exp.name, "trial": trial, "sweep": exp.sweep, "x": value,
-                "mechanism": spec.name, "epsilon": eps, "delta": exp.delta,
+                "mechanism": spec.id, "epsilon": eps, "delta": exp.delta,
                 "n_samples": setting.n_samples, "n_classes": setting.n_classes,
                 "n_features": setting.n_features, "norm_bound": bound,
                 "min_class_size": setting.class_floor, "n_draws": exp.n_draws,
             }
             options = spec.option_dict()
-            if spec.name == "kl-paper":
+            accepted = get_mechanism(spec.name).options
+            if "lam" in accepted:
                 options.setdefault("lam", exp.lam)
+            if "min_class_size" in accepted:
+                options.setdefault("min_class_size", setting.class_floor)
             if bound is not None:
                 options["norm_bound"] = bound
-            rng = _stream(exp, trial, 1, i, j)
+            rng = _stream(exp, trial, 1, i, zlib.crc32(spec.id.encode()))
             t0 = time.perf_counter()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -131,11 +140,11 @@ def run_trial(exp: Experiment, trial: int, mechs: list[MechanismSpec]) -> TrialO
                                plan_seconds=time.perf_counter() - t0)
                     out.rows.append(row)
                     continue
-            counter = out.warnings.setdefault(spec.name, Counter())
+            counter = out.warnings.setdefault(spec.id, Counter())
             for w in caught:
                 counter[f"{w.category.__name__}: {_one_line(w.message)}"] += 1
-            if spec.name not in out.guarantees:
-                out.guarantees[spec.name] = _guarantee_record(p)
+            if spec.id not in out.guarantees:
+                out.guarantees[spec.id] = _guarantee_record(p)
             if p.solver is not None:
                 out.solvers[p.solver.solver] += 1
             design = getattr(p, "design", None)
