@@ -13,8 +13,10 @@ versioned :class:`Release` artifact. Only a release whose ``privacy.certified`` 
 proven guarantee.
 """
 
+from . import audit  # a callable module: klrelease.audit(mechanism, X, y, ...)
 from ._version import __version__
 from .artifact import Release
+from .audit import AuditReport
 from .data import LabelledData, as_labelled_data, load_dataset
 from .gmm import GMM, fit_gmm
 from .kl import KLEstimate, gaussian_kl, kl_divergence
@@ -23,6 +25,8 @@ from .release import expected_kl, plan, release
 
 __all__ = [
     "__version__",
+    "AuditReport",
+    "audit",
     "GMM",
     "KLEstimate",
     "LabelledData",

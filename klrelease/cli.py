@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     import solvers
 
     try:
-        app(args=argv, standalone_mode=False, prog_name="klrelease")
+        # a command ending with typer.Exit(code) returns that code in non-standalone mode
+        rc = app(args=argv, standalone_mode=False, prog_name="klrelease")
     except solvers.SolverFailed as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 1
@@ -238,11 +239,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {_one_line(exc.format_message())}", file=sys.stderr)
             return 2
         raise
-    return 0
+    return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
 
 
 def run() -> None:
     sys.exit(main())
 
 
+from .audit.cli import audit_command  # noqa: E402,F401  (registers the command)
 from .experiments.cli import experiment_command  # noqa: E402,F401  (registers the command)

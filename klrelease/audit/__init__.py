@@ -7,9 +7,15 @@
 * :mod:`.runner`        :func:`audit`, which ties them together;
 * :mod:`.cli`           the ``klrelease audit`` command.
 
+The module itself is callable: ``klrelease.audit(mechanism, X, y, epsilon=..., delta=...)`` is
+:func:`klrelease.audit.runner.audit`.
+
 An audit can refute a privacy claim (a lower confidence bound of delta(eps) above the claimed
 delta), never prove one; see :data:`~klrelease.audit.report.AUDIT_LIMITS`.
 """
+
+import sys
+import types
 
 from .hockey_stick import DeltaEstimate, discrete_delta, estimate_delta, hockey_stick_terms
 from .neighbours import Neighbour, select_neighbours
@@ -27,3 +33,12 @@ __all__ = [
     "hockey_stick_terms",
     "select_neighbours",
 ]
+
+
+class _CallableModule(types.ModuleType):
+    """This package, callable as :func:`audit` (keeps ``klrelease.audit.<submodule>`` usable)."""
+
+    __call__ = staticmethod(audit)
+
+
+sys.modules[__name__].__class__ = _CallableModule
