@@ -54,8 +54,8 @@ VARIANTS = ("paper", "label-flip")
 
 PAPER_REASONS = (
     "The noise levels are the published ones of Wu et al. (2016), derived for replacing one "
-    "record in an EM fit with the biased covariance; for a change of label and the unbiased "
-    "class covariance released here they are smaller than what can be proven.",
+    "record in an EM fit with the biased covariance; no proof covers a change of label and the "
+    "unbiased class covariance released here (the bound proven for that case is larger).",
     "Their proof assumes every class holds at least N/(2K) records, a property of the private "
     "class sizes that is not checked (checking it would itself reveal something).",
 )
