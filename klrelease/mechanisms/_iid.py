@@ -34,7 +34,8 @@ private under label flips. They use a public lower bound ``min_class_size`` on e
 (N_k >= n_min). The default is ``max(3, d + 1)``: every dataset the library accepts has at least
 ``d + 1`` rows per class, so the default holds for every accepted dataset with d >= 2. A larger
 public bound (known from the study design) gives less noise. A dataset with a smaller class is
-refused: the guarantee would not cover it. The message never states a count.
+refused, so a certified guarantee is about the datasets whose classes all meet the bound (both
+datasets of a neighbouring pair). The message never states a count.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ vech(Sigma)/sigma_S)``, whose L2 sensitivity is at most
     s = sqrt( (Delta_pi/sigma_pi)^2 + (Delta_mu/sigma_mu)^2 + (Delta_S/sigma_S)^2 ),
 
 with the joint (all-classes) sensitivities of :mod:`klrelease.sensitivity` (they use only
-D's class sizes, so they bound every pair in which one dataset satisfies A2):
+the class sizes of D):
 
     Delta_pi = sqrt(2)/N,   Delta_mu = D_2 sqrt(1/n^2 + 1/(n+1)^2),
     Delta_S  = sqrt(removal(n)^2 + addition(n)^2)       (label flip, n = n_min; replace-one
@@ -33,8 +33,11 @@ The noise levels are ``sigma_b = Delta_b / (s* sqrt(rho_b))`` with shares
 ``rho_b > 0, sum rho_b = 1`` (``budget_shares``), so ``s = s*`` exactly: the three blocks are
 ONE Gaussian mechanism, calibrated exactly, with no split of delta. The projections are
 post-processing. Hence the release is (eps, delta)-DP under the stated relation, for every
-eps > 0. The calibration is checked in the tests (``gaussian_delta`` at the joint
-sensitivity equals delta) and the sensitivities against brute force over all neighbours.
+eps > 0, over the datasets meeting A2: for every pair of neighbours that both meet it. (The
+sensitivities would cover a pair in which only one dataset meets A2, but the mechanism refuses
+a dataset that does not, and that refusal is observable.) The calibration is checked in the
+tests (``gaussian_delta`` at the joint sensitivity equals delta) and the sensitivities against
+brute force over all neighbours.
 """
 
 from __future__ import annotations
@@ -96,8 +99,8 @@ def certified_statement(common: Common, epsilon: float, delta: float) -> str:
              f"({epsilon:g}, {delta:g})-differentially private")
     return (
         f"{claim} under {common.adjacency.value} "
-        f"adjacency, proven for datasets whose rows are {where} and whose classes each hold at "
-        f"least {common.n_min} rows (min_class_size; checked before release)."
+        f"adjacency, proven for neighbouring datasets whose rows are {where} and whose classes "
+        f"each hold at least {common.n_min} rows (min_class_size; checked before release)."
     )
 
 

@@ -33,10 +33,10 @@ Option ``variant``:
     Proof: for a block with L1 sensitivity Delta, i.i.d. Laplace noise of scale
     ``Delta/eps_b`` is (eps_b, 0)-DP (Dwork, McSherry, Nissim, Smith 2006); the three blocks
     compose sequentially to ``eps_pi + eps_mu + eps_S = eps``; projections are post-processing.
-    The bounds use only the class sizes of one dataset of the pair, so they hold for every
-    pair of neighbours in which one dataset meets (A1) the public domain (enforced by clipping;
-    for ``bounds="features"`` the box is the same for both datasets, which share X) and (A2)
-    ``N_k >= min_class_size`` for every class (checked; refused otherwise). Hence
+    The bounds hold for every pair of neighbours that both meet (A1) the public domain
+    (enforced by clipping; for ``bounds="features"`` the box is the same for both datasets,
+    which share X) and (A2) ``N_k >= min_class_size`` for every class (checked; a dataset that
+    does not meet it is refused, so the claim is over the datasets that do). Hence
     (eps, 0)-DP, so (eps, delta)-DP for every delta.
 """
 
