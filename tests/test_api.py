@@ -22,7 +22,7 @@ def test_fit_gmm_matches_statistics(iris):
 
 def test_release_is_a_valid_gmm_and_says_it_is_not_certified(synthetic):
     X, y = synthetic
-    r = kr.release(X, y, epsilon=1.0, delta=1e-5, seed=0)
+    r = kr.release(X, y, epsilon=1.0, delta=1e-5, seed=0, mechanism="kl-paper")
     g = r.gmm
     assert g.weights.shape == (5,) and g.means.shape == (5, 3) and g.covariances.shape == (5, 3, 3)
     assert g.weights.sum() == pytest.approx(1.0)
@@ -36,27 +36,29 @@ def test_release_is_a_valid_gmm_and_says_it_is_not_certified(synthetic):
 
 def test_seed_determinism_and_secure_default(synthetic):
     X, y = synthetic
-    a = kr.release(X, y, epsilon=1.0, delta=1e-5, seed=11)
-    b = kr.release(X, y, epsilon=1.0, delta=1e-5, seed=11)
-    c = kr.release(X, y, epsilon=1.0, delta=1e-5, seed=12)
+    a = kr.release(X, y, epsilon=1.0, delta=1e-5, seed=11, mechanism="kl-paper")
+    b = kr.release(X, y, epsilon=1.0, delta=1e-5, seed=11, mechanism="kl-paper")
+    c = kr.release(X, y, epsilon=1.0, delta=1e-5, seed=12, mechanism="kl-paper")
     np.testing.assert_array_equal(a.gmm.means, b.gmm.means)
     assert not np.allclose(a.gmm.means, c.gmm.means)
-    u1 = kr.release(X, y, epsilon=1.0, delta=1e-5)
-    u2 = kr.release(X, y, epsilon=1.0, delta=1e-5)
+    u1 = kr.release(X, y, epsilon=1.0, delta=1e-5, mechanism="kl-paper")
+    u2 = kr.release(X, y, epsilon=1.0, delta=1e-5, mechanism="kl-paper")
     assert u1.randomness.secure and u1.randomness.seed is None
     assert not np.allclose(u1.gmm.means, u2.gmm.means)
 
 
 def test_artifact_round_trip_and_no_exact_statistics(synthetic):
     X, y = synthetic
-    r = kr.release(X, y, epsilon=2.0, delta=1e-5, seed=3)
+    r = kr.release(X, y, epsilon=2.0, delta=1e-5, seed=3, mechanism="kl-paper")
     text = r.to_json()
     back = kr.Release.from_json(text)
     np.testing.assert_array_equal(back.gmm.means, r.gmm.means)
     np.testing.assert_array_equal(back.gmm.covariances, r.gmm.covariances)
     np.testing.assert_array_equal(back.gmm.weights, r.gmm.weights)
     assert back.privacy == r.privacy and back.mechanism == r.mechanism
-    assert back.schema_version == kr.artifact.SCHEMA_VERSION if hasattr(kr, "artifact") else True
+    from klrelease.artifact import SCHEMA_VERSION
+
+    assert back.schema_version == SCHEMA_VERSION
     # no exact class mean, covariance entry or count anywhere in the document
     exact = kr.fit_gmm(X, y)
     numbers = []
@@ -84,13 +86,13 @@ def test_kl_falls_as_epsilon_grows(synthetic):
     ref = kr.fit_gmm(X, y)
     means = []
     for eps in (0.5, 1.0, 2.0, 4.0):
-        p = kr.plan(X, y, epsilon=eps, delta=1e-5)
+        p = kr.plan(X, y, epsilon=eps, delta=1e-5, mechanism="kl-paper")
         means.append(kr.expected_kl(p, ref, n_draws=100, seed=1).mean)
     assert all(a > b for a, b in zip(means, means[1:])), means
 
 
 def test_to_sklearn_and_sample(iris):
-    r = kr.release(iris, None, epsilon=2.0, delta=1e-5, seed=0)
+    r = kr.release(iris, None, epsilon=2.0, delta=1e-5, seed=0, mechanism="kl-paper")
     sk = r.gmm.to_sklearn()
     Xs, comp = sk.sample(50)
     assert Xs.shape == (50, 4)
@@ -117,7 +119,7 @@ def test_to_sklearn_and_sample(iris):
 def test_api_validation(kwargs, match):
     rng = np.random.default_rng(0)
     X, y = rng.normal(size=(30, 2)), np.repeat([0, 1, 2], 10)
-    args = dict(epsilon=1.0, delta=1e-5) | kwargs
+    args = dict(epsilon=1.0, delta=1e-5, mechanism="kl-paper") | kwargs
     with pytest.raises(ValueError, match=match):
         kr.release(X, y, **args)
 
@@ -145,7 +147,7 @@ def test_data_validation_messages_do_not_leak_counts():
 
 def test_log_density_is_consistent_with_sampling(iris):
     """The plan's log-density integrates the noise it draws (checked on the weights' PMF)."""
-    p = kr.plan(iris, None, epsilon=2.0, delta=1e-5)
+    p = kr.plan(iris, None, epsilon=2.0, delta=1e-5, mechanism="kl-paper")
     rng = np.random.default_rng(5)
     out = p.sample(rng)
     ld = p.log_density(out)

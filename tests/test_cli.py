@@ -16,7 +16,7 @@ def run(args, cwd):
 
 def test_quick_start_release_inspect_sample(tmp_path):
     r = run(["release", "--dataset", "iris", "--epsilon", "2", "--delta", "1e-5",
-             "--out", "release.json"], tmp_path)
+             "--mechanism", "kl-paper", "--out", "release.json"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     doc = json.loads((tmp_path / "release.json").read_text())
@@ -43,10 +43,11 @@ def test_csv_and_npz_inputs(tmp_path, monkeypatch, capsys):
     y = np.repeat(["a", "b", "c"], 20)
     _write_csv(tmp_path / "d.csv", X, y)
     assert main(["release", "--csv", "d.csv", "--label-column", "class", "--epsilon", "1",
-                 "--delta", "1e-5", "--out", "a.json", "--seed", "0"]) == 0
+                 "--delta", "1e-5", "--out", "a.json", "--seed", "0",
+                 "--mechanism", "kl-paper"]) == 0
     np.savez(tmp_path / "d.npz", X=X, y=np.repeat([0, 1, 2], 20))
     assert main(["release", "--npz", "d.npz", "--epsilon", "1", "--delta", "1e-5",
-                 "--out", "b.json", "--option", "adjacency=change-one-record",
+                 "--out", "b.json", "--mechanism", "kl-paper", "--option", "adjacency=change-one-record",
                  "--norm-bound", "6"]) == 0
     doc = json.loads((tmp_path / "b.json").read_text())
     assert doc["privacy"]["neighbouring"] == "change-one-record"
@@ -61,7 +62,7 @@ BAD = {
     "unknown mechanism": ["--dataset", "iris", "--epsilon", "1", "--delta", "1e-5",
                           "--mechanism", "nope"],
     "unknown solver": ["--dataset", "iris", "--epsilon", "1", "--delta", "1e-5",
-                       "--option", "solver=gurobi"],
+                       "--mechanism", "kl-paper", "--option", "solver=gurobi"],
     "unknown dataset": ["--dataset", "wine", "--epsilon", "1", "--delta", "1e-5"],
     "no input": ["--epsilon", "1", "--delta", "1e-5"],
     "unreadable csv": ["--csv", "missing.csv", "--label-column", "c", "--epsilon", "1",
@@ -102,9 +103,11 @@ def bad_files(tmp_path):
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_input_exits_2_with_one_line(case, bad_files, monkeypatch, capsys):
+@pytest.mark.parametrize("mechanism", ["kl-paper", None])
+def test_bad_input_exits_2_with_one_line(case, mechanism, bad_files, monkeypatch, capsys):
     monkeypatch.chdir(bad_files)
-    code = main(["release", *BAD[case], "--out", "out.json"])
+    extra = [] if mechanism is None or "--mechanism" in BAD[case] else ["--mechanism", mechanism]
+    code = main(["release", *BAD[case], *extra, "--out", "out.json"])
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert len(err.splitlines()) == 1 and err.startswith("error:"), err

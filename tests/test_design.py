@@ -88,7 +88,7 @@ def _one_dim_data(seed=3):
 def test_d1_closed_form():
     """For d = 1 the SDP has the closed form G = max_n v_n^2 / c."""
     X, y = _one_dim_data()
-    p = kr.plan(X, y, epsilon=1.0, delta=1e-5)
+    p = kr.plan(X, y, epsilon=1.0, delta=1e-5, mechanism="kl-paper")
     s = class_statistics(X, y, 3)
     c = p.design.eps_k**2 / (2 * np.log(2 / 1e-5))
     for k in range(3):
@@ -100,7 +100,7 @@ def test_d1_closed_form():
 def test_design_meets_its_constraints_and_paper_accounting(synthetic):
     X, y = synthetic
     eps, delta = 1.0, 1e-5
-    p = kr.plan(X, y, epsilon=eps, delta=delta)
+    p = kr.plan(X, y, epsilon=eps, delta=delta, mechanism="kl-paper")
     d = p.design
     # the paper's accounting (9) is met with equality
     assert d.budget_used == pytest.approx(eps)
@@ -122,7 +122,7 @@ def test_design_meets_its_constraints_and_paper_accounting(synthetic):
 def test_objective_overstates_exact_expected_kl(synthetic):
     """(12) replaces ln|Sigma + W| by ln|W| <= ln|Sigma + W|, so it exceeds the exact E[KL]."""
     X, y = synthetic
-    p = kr.plan(X, y, epsilon=2.0, delta=1e-5)
+    p = kr.plan(X, y, epsilon=2.0, delta=1e-5, mechanism="kl-paper")
     est = kr.expected_kl(p, kr.fit_gmm(X, y), n_draws=200, seed=0)
     assert est.ci_high < p.design.objective
 
@@ -131,21 +131,21 @@ def test_record_level_variants(synthetic):
     X, y = synthetic
     B = 15.0
     change = kr.plan(X, y, epsilon=1.0, delta=1e-5, adjacency="change-one-record",
-                     norm_bound=B)
+                     norm_bound=B, mechanism="kl-paper")
     assert change.design.mapping is None and change.design.eps0 == 0
     # (32) with B squared: G = 4 B^2 ln(2/delta) ... = (2B/N_k)^2 / c_k I
     c = change.design.eps_k**2 / (2 * np.log(2 / 1e-5))
     for k in range(5):
         r2 = (2 * B / change.stats.counts[k]) ** 2
         np.testing.assert_allclose(change.design.mean_cov[k], r2 / c[k] * np.eye(3))
-    rem = kr.plan(X, y, epsilon=1.0, delta=1e-5, adjacency="remove-one", norm_bound=B)
+    rem = kr.plan(X, y, epsilon=1.0, delta=1e-5, adjacency="remove-one", norm_bound=B, mechanism="kl-paper")
     assert rem.design.mapping.support.shape == (6, 5)  # pi(D) and K neighbours (29)
-    add = kr.plan(X, y, epsilon=1.0, delta=1e-5, adjacency="add-one", norm_bound=B)
+    add = kr.plan(X, y, epsilon=1.0, delta=1e-5, adjacency="add-one", norm_bound=B, mechanism="kl-paper")
     assert np.all(add.design.mapping.support[1:].sum(1) == len(y) + 1)
     with pytest.raises(ValueError, match="norm_bound"):
-        kr.plan(X, y, epsilon=1.0, delta=1e-5, adjacency="remove-one")
+        kr.plan(X, y, epsilon=1.0, delta=1e-5, adjacency="remove-one", mechanism="kl-paper")
     # smaller B -> more noise
     tight = kr.plan(X, y, epsilon=1.0, delta=1e-5, adjacency="change-one-record",
-                    norm_bound=5.0)
+                    norm_bound=5.0, mechanism="kl-paper")
     assert np.all(np.trace(tight.design.mean_cov, axis1=1, axis2=2)
                   < np.trace(change.design.mean_cov, axis1=1, axis2=2))
