@@ -99,7 +99,7 @@ def release(
     csv: Annotated[Path | None, typer.Option(help="CSV file with a header row")] = None,
     label_column: Annotated[str | None, typer.Option(help="label column of --csv")] = None,
     npz: Annotated[Path | None, typer.Option(help=".npz file with arrays X and y")] = None,
-    mechanism: Annotated[str, typer.Option(help="see 'klrelease mechanisms'")] = "kl-paper",
+    mechanism: Annotated[str, typer.Option(help="see 'klrelease mechanisms'")] = "kl-certified",
     out: Annotated[Path, typer.Option(help="where to write the artifact")] = Path(
         "release.json"
     ),
