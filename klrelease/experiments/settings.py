@@ -132,7 +132,7 @@ LAPLACE_LF = MechanismSpec("laplace-iid", "i.i.d. Laplace (label-flip sensitivit
 GAUSSIAN = MechanismSpec("gaussian-iid", "i.i.d. Gaussian", (("bounds", "features"),))
 COLORED = MechanismSpec("colored-gaussian", "colored Gaussian (designed on data)",
                         (("design", "data"), ("bounds", "features")))
-R1SMG = MechanismSpec("r1smg", "R1SMG (guarantee fails)", (("bounds", "features"),))
+R1SMG = MechanismSpec("r1smg", "R1SMG (as published; not certified)", (("bounds", "features"),))
 
 BASELINES = (LAPLACE, GAUSSIAN, COLORED)
 

@@ -37,8 +37,16 @@ def _values(rows, key) -> np.ndarray:
     return np.array([r[key] for r in rows if r.get(key) is not None], dtype=float)
 
 
-def summarise(rows: list[dict], mechanisms: list[str], values) -> list[dict]:
-    """One summary record per (mechanism, value of the sweep), in plotting order."""
+def summarise(rows: list[dict], mechanisms: list[str], values, *,
+              reference: str = "kl-paper") -> list[dict]:
+    """One summary record per (mechanism, value of the sweep), in plotting order.
+
+    Besides the mean (with its interval), median and quartiles of the per-trial KL, a
+    mechanism other than ``reference`` gets the median over trials of its KL divided by the
+    reference's KL on the same dataset, and the fraction of datasets where its KL is larger;
+    a mechanism with a design objective gets the fraction of datasets where the objective
+    exceeds the exact KL.
+    """
     out = []
     for m in mechanisms:
         for x in values:
@@ -64,5 +72,23 @@ def summarise(rows: list[dict], mechanisms: list[str], values) -> list[dict]:
                 r_mean, r_lo, r_hi = mean_ci(raw)
                 rec.update(kl_vs_raw_mean=r_mean, kl_vs_raw_ci_low=r_lo,
                            kl_vs_raw_ci_high=r_hi, kl_vs_raw_median=float(np.median(raw)))
+            if obj.size:
+                paired = [(r["objective"], r["kl_mean"]) for r in ok
+                          if r.get("objective") is not None]
+                rec["frac_objective_above_kl"] = float(np.mean([o > k for o, k in paired]))
+            if m != reference and reference in mechanisms:
+                ratio = _paired_ratio(rows, m, reference, x)
+                if ratio.size:
+                    rec[f"median_ratio_to_{reference}"] = float(np.median(ratio))
+                    rec[f"frac_above_{reference}"] = float(np.mean(ratio > 1))
             out.append(rec)
     return out
+
+
+def _paired_ratio(rows, mechanism, reference, x) -> np.ndarray:
+    """Per-trial KL ratio ``mechanism / reference`` at ``x`` (trials where both succeeded)."""
+    ref = {r["trial"]: r["kl_mean"] for r in rows
+           if r["mechanism"] == reference and r["x"] == x and r.get("status") == "ok"}
+    return np.array([r["kl_mean"] / ref[r["trial"]] for r in rows
+                     if r["mechanism"] == mechanism and r["x"] == x and r.get("status") == "ok"
+                     and r["trial"] in ref], dtype=float)
