@@ -63,6 +63,9 @@ def audit_command(
     samples: Annotated[int, typer.Option(help="draws per direction for confirmed pairs")] = 2000,
     max_pairs: Annotated[int, typer.Option(help="most neighbouring datasets examined")] = 300,
     seed: Annotated[int | None, typer.Option(help="seed of the audit's randomness")] = None,
+    time_limit: Annotated[
+        float, typer.Option(help="seconds the audit may take (0: no limit)")
+    ] = 600.0,
     neighbouring: Annotated[
         str | None, typer.Option(help="relation to audit (default: the mechanism's own)")
     ] = None,
@@ -84,6 +87,8 @@ def audit_command(
         _fail(f"--samples must be >= 10, got {samples}")
     if max_pairs < 1:
         _fail(f"--max-pairs must be >= 1, got {max_pairs}")
+    if time_limit < 0:
+        _fail(f"--time-limit must be >= 0, got {time_limit}")
     opts = dict(_parse_option(o) for o in (option or []))
     if (lower is None) != (upper is None):
         _fail("give both --lower and --upper, or neither")
@@ -105,13 +110,15 @@ def audit_command(
 
         report = audit(mech.name, data, epsilon=eps, delta=dlt, bounds=bounds,
                        norm_bound=norm_bound, neighbouring=neighbouring, n_samples=samples,
-                       max_pairs=max_pairs, seed=seed, progress=progress, **opts)
+                       max_pairs=max_pairs, seed=seed, progress=progress,
+                       time_limit=time_limit if time_limit > 0 else None, **opts)
 
     out_console.print(
         f"[bold]{report.mechanism}[/] audited at epsilon={report.epsilon:g}, "
         f"delta={report.delta:g}, neighbours: {report.neighbouring} "
         f"({report.pairs_examined} pair(s) examined, {report.search}"
         + (f", {report.pairs_refused} refused by the mechanism" if report.pairs_refused else "")
+        + (", cut short by the time limit" if report.stopped_by_time_limit else "")
         + f"; {report.time_s:.1f} s)"
     )
     out_console.print(summary_table(report))

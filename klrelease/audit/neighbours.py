@@ -50,7 +50,8 @@ class Neighbour:
     description : str
         Row index, label change and public point involved; no private values.
     score : float
-        The search's extremeness score (larger first); ``nan`` when all neighbours are taken.
+        The search's extremeness score; neighbours are returned with the largest first, so an
+        audit cut short by its time limit has examined the most extreme ones.
     """
 
     data: LabelledData
@@ -134,7 +135,11 @@ def count_neighbours(data: LabelledData, relation: Adjacency) -> int | None:
 
 
 def _pick(scores: np.ndarray, groups: np.ndarray, max_pairs: int, per_group: int) -> np.ndarray:
-    """Indices of the top-scoring items, keeping ``per_group`` of every group first."""
+    """Indices of the top-scoring items, keeping ``per_group`` of every group first.
+
+    Returns at most ``max_pairs`` indices, ordered by decreasing score (all of them when there
+    are no more than ``max_pairs`` items).
+    """
     order = np.argsort(-scores, kind="stable")
     chosen: list[int] = []
     seen = set()
@@ -157,17 +162,13 @@ def _label_flips(data: LabelledData, max_pairs: int) -> list[Neighbour]:
     rows = np.repeat(np.arange(N), K - 1)
     new = np.array([k for n in range(N) for k in range(K) if k != data.codes[n]], dtype=np.int64)
     old = data.codes[rows]
-    if rows.shape[0] <= max_pairs:
-        idx = np.arange(rows.shape[0])
-        scores = np.full(rows.shape[0], np.nan)
-    else:
-        counts, means, precs = _class_geometry(data)
-        maha = _mahalanobis(data.X, means, precs)
-        leave = maha[rows, old] / np.maximum(counts[old] - 1, 1)
-        join = maha[rows, new] / (counts[new] + 1)
-        scores = leave + join
-        per_group = max(1, max_pairs // (4 * K * (K - 1)))
-        idx = _pick(scores, old * K + new, max_pairs, per_group)
+    counts, means, precs = _class_geometry(data)
+    maha = _mahalanobis(data.X, means, precs)
+    leave = maha[rows, old] / np.maximum(counts[old] - 1, 1)
+    join = maha[rows, new] / (counts[new] + 1)
+    scores = leave + join
+    per_group = max(1, max_pairs // (4 * K * (K - 1)))
+    idx = _pick(scores, old * K + new, max_pairs, per_group)
     out = []
     for i in idx:
         n, a, b = int(rows[i]), int(old[i]), int(new[i])
@@ -193,15 +194,14 @@ def _record_level(data: LabelledData, relation: Adjacency, max_pairs: int,
     leave = maha_rows[np.arange(N), data.codes] / np.maximum(counts[data.codes] - 1, 1)
 
     if relation == Adjacency.REMOVE_ONE:
-        idx = (np.arange(N) if N <= max_pairs
-               else _pick(leave, data.codes, max_pairs, max(1, max_pairs // (4 * K))))
+        idx = _pick(leave, data.codes, max_pairs, max(1, max_pairs // (4 * K)))
         out = []
         for n in idx:
             keep = np.arange(N) != n
             out.append(Neighbour(
                 _with_rows(data, data.X[keep], data.codes[keep]), relation.value, int(n),
                 f"row {int(n)} (label {_label(data, int(data.codes[n]))}) removed",
-                float("nan") if N <= max_pairs else float(leave[n]),
+                float(leave[n]),
             ))
         return out
 
@@ -223,8 +223,7 @@ def _record_level(data: LabelledData, relation: Adjacency, max_pairs: int,
         scores = np.array([leave[n] + maha_pts[p, c] / counts[c] for n, p, c in cand])
         groups = np.array([int(data.codes[n]) * K + c for n, _, c in cand])
     per_group = max(1, max_pairs // (4 * len(np.unique(groups))))
-    idx = (np.arange(len(cand)) if len(cand) <= max_pairs
-           else _pick(scores, groups, max_pairs, per_group))
+    idx = _pick(scores, groups, max_pairs, per_group)
     out = []
     for i in idx:
         n, p, c = cand[i]

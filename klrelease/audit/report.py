@@ -122,6 +122,10 @@ class AuditReport(_Model):
         default_factory=dict, description="max / median of screening estimates over pairs"
     )
     time_s: float
+    time_limit: float | None = None
+    stopped_by_time_limit: bool = Field(
+        False, description="whether the time limit cut screening or confirmation draws short"
+    )
     limits: list[str] = Field(default_factory=lambda: list(AUDIT_LIMITS))
     note: str = (
         "Audit report of a private dataset: it names rows by index and label; do not publish."

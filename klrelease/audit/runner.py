@@ -46,7 +46,11 @@ from .report import AuditReport, Bound, DirectionResult, PairResult
 __all__ = ["audit", "DEFAULTS"]
 
 #: Default sizes of an audit.
-DEFAULTS = {"n_samples": 2000, "max_pairs": 300, "n_screen": 200, "n_confirm": 3}
+DEFAULTS = {"n_samples": 2000, "max_pairs": 300, "n_screen": 200, "n_confirm": 3,
+            "time_limit": 600.0}
+
+#: draws are made in blocks of this size, so a time limit can stop between blocks
+CHUNK = 25
 
 #: a delta exceeding the claim by less than this (absolute + relative) is float noise
 ABS_MARGIN = 1e-12
@@ -149,6 +153,32 @@ def _evidence(p: PairResult) -> tuple[float, float]:
     return _exact_max(p), _exact_max(p)
 
 
+def _confirm_draws(plan_d: Plan, plan_q: Plan, rng: np.random.Generator, n_max: int,
+                   until: float):
+    """Fresh draws from both plans in blocks until ``n_max`` each or the time ``until``.
+
+    Returns the four log-density dicts (draws from D under D and D', draws from D' under D'
+    and D), one output of each plan, and whether the time limit cut the draws short.
+    """
+    parts: dict[str, list[dict]] = {"dd": [], "dq": [], "qq": [], "qd": []}
+    fillers = None
+    n = 0
+    while n < n_max:
+        m = min(CHUNK, n_max - n)
+        o_d, o_q = _draw(plan_d, rng, m), _draw(plan_q, rng, m)
+        fillers = fillers or (o_d[0], o_q[0])
+        parts["dd"].append(_log_densities(plan_d, o_d))
+        parts["dq"].append(_log_densities(plan_q, o_d))
+        parts["qq"].append(_log_densities(plan_q, o_q))
+        parts["qd"].append(_log_densities(plan_d, o_q))
+        n += m
+        if n < n_max and time.perf_counter() > until:
+            break
+    logs = {key: {c: np.concatenate([b[c] for b in blocks]) for c in COMPONENTS}
+            for key, blocks in parts.items()}
+    return logs, fillers, n < n_max
+
+
 @dataclass
 class _Screened:
     neighbour: Neighbour
@@ -171,6 +201,7 @@ def audit(
     seed: int | None = None,
     n_screen: int | None = None,
     n_confirm: int = DEFAULTS["n_confirm"],
+    time_limit: float | None = DEFAULTS["time_limit"],
     progress: Progress | None = None,
     **options,
 ) -> AuditReport:
@@ -205,6 +236,12 @@ def audit(
         Draws per direction when screening every pair (default ``min(200, n_samples)``).
     n_confirm : int
         Number of top-ranked pairs re-estimated with ``n_samples`` fresh draws.
+    time_limit : float or None
+        Seconds the audit may take (None: no limit). Screening stops starting new pairs after
+        half of it (pairs come most extreme first); each confirmed pair then gets an equal
+        share of the rest and stops drawing, in blocks of 25, when its share is used. A limit
+        that depends only on elapsed time leaves the confidence bounds valid; the report says
+        how many pairs and draws were made.
     progress : callable, optional
         ``progress(stage, done, total)``, called as pairs are processed.
     **options
@@ -234,6 +271,8 @@ def audit(
         raise ValueError(f"max_pairs must be >= 1, got {max_pairs!r}")
     if int(n_confirm) < 1:
         raise ValueError(f"n_confirm must be >= 1, got {n_confirm!r}")
+    if time_limit is not None and not float(time_limit) > 0:
+        raise ValueError(f"time_limit must be > 0 seconds, got {time_limit!r}")
     if not 0 < float(confidence) < 1:
         raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence!r}")
     data = as_labelled_data(X, y, bounds=bounds, norm_bound=norm_bound)
@@ -262,13 +301,20 @@ def audit(
                 return None, f"{type(exc).__name__}: {' '.join(str(exc).split())}"
             raise
 
-    # ---- screening: draws from M(D) shared by all pairs
+    deadline = np.inf if time_limit is None else t0 + float(time_limit)
+    screen_deadline = np.inf if time_limit is None else t0 + 0.5 * float(time_limit)
+
+    # ---- screening: draws from M(D) shared by all pairs, most extreme pairs first
     alpha_screen = 1.0 - float(confidence)
     outs_d = _draw(plan_d, rng, n_screen)
     lp_dd = _log_densities(plan_d, outs_d)
     screened: list[_Screened] = []
     refused: list[str] = []
+    stopped = False
     for i, nb in enumerate(neighbours):
+        if i > 0 and time.perf_counter() > screen_deadline:
+            stopped = True
+            break
         plan_q, why = plan_on(nb)
         if plan_q is None:
             refused.append(f"{nb.description}: {why}")
@@ -291,16 +337,18 @@ def audit(
     alpha = (1.0 - float(confidence)) / (2 * max(len(top), 1))
     confirmed: list[PairResult] = []
     for i, s in enumerate(top):
+        share = (deadline - time.perf_counter()) / (len(top) - i)
         plan_q, why = plan_on(s.neighbour)
         if plan_q is None:  # refused now though it ran before: report, do not hide
             refused.append(f"{s.neighbour.description}: {why}")
             continue
-        o_d = _draw(plan_d, rng, n_samples)
-        o_q = _draw(plan_q, rng, n_samples)
-        fwd = _direction("D vs D'", _log_densities(plan_d, o_d), _log_densities(plan_q, o_d),
-                         eps, alpha, exact_weights_delta(plan_d, plan_q, eps, o_d[0]))
-        rev = _direction("D' vs D", _log_densities(plan_q, o_q), _log_densities(plan_d, o_q),
-                         eps, alpha, exact_weights_delta(plan_q, plan_d, eps, o_q[0]))
+        logs, fillers, short = _confirm_draws(plan_d, plan_q, rng, n_samples,
+                                              time.perf_counter() + share)
+        stopped = stopped or short
+        fwd = _direction("D vs D'", logs["dd"], logs["dq"], eps, alpha,
+                         exact_weights_delta(plan_d, plan_q, eps, fillers[0]))
+        rev = _direction("D' vs D", logs["qq"], logs["qd"], eps, alpha,
+                         exact_weights_delta(plan_q, plan_d, eps, fillers[1]))
         confirmed.append(_pair_result(s.neighbour, "confirm", [fwd, rev], dlt))
         if progress is not None:
             progress("confirm", i + 1, len(top))
@@ -354,6 +402,8 @@ def audit(
         worst_pair=worst,
         leaking_components=leaking,
         confirmed_pairs=confirmed,
+        time_limit=None if time_limit is None else float(time_limit),
+        stopped_by_time_limit=stopped,
         screen_summary={"max_estimate": float(ests.max()), "median_estimate": float(
             np.median(ests))},
         time_s=round(time.perf_counter() - t0, 3),
