@@ -25,6 +25,16 @@ def _bounds_option(bounds, options: dict):
     return bounds
 
 
+def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, options):
+    """Validate everything, then design the mechanism: (validated data, plan)."""
+    eps, dlt = check_privacy_parameters(epsilon, delta)
+    mech = get_mechanism(mechanism)
+    bounds = _bounds_option(bounds, options)
+    data = as_labelled_data(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound,
+                            min_class_size=mech.min_class_size)
+    return data, mech.plan(data, epsilon=eps, delta=dlt, **options)
+
+
 def plan(
     X,
     y,
@@ -42,11 +52,7 @@ def plan(
     The returned :class:`~klrelease.mechanisms.Plan` holds private statistics: use it for
     experiments (:func:`expected_kl`) and audits, never publish it.
     """
-    eps, dlt = check_privacy_parameters(epsilon, delta)
-    mech = get_mechanism(mechanism)
-    bounds = _bounds_option(bounds, options)
-    data = as_labelled_data(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound)
-    return mech.plan(data, epsilon=eps, delta=dlt, **options)
+    return _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, options)[1]
 
 
 def release(
@@ -69,7 +75,9 @@ def release(
     X : array-like of shape (N, d)
         Features (finite).
     y : array-like of shape (N,)
-        Class labels; every class needs more than d rows.
+        Class labels. Mechanisms that use the exact class covariances (``kl-paper`` and the
+        baselines) need more than d rows in every class; ``kl-certified`` accepts any class
+        size, so its answer never depends on whether a private class is small.
     epsilon, delta : float
         The privacy parameters (epsilon > 0, 0 < delta < 1).
     mechanism : str
@@ -92,11 +100,7 @@ def release(
         The artifact; ``release.gmm`` is the released :class:`~klrelease.gmm.GMM` and
         ``release.privacy`` states the claim and whether it is certified.
     """
-    eps, dlt = check_privacy_parameters(epsilon, delta)
-    mech = get_mechanism(mechanism)
-    bounds = _bounds_option(bounds, options)
-    data = as_labelled_data(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound)
-    p = mech.plan(data, epsilon=eps, delta=dlt, **options)
+    data, p = _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, options)
     src = make_rng(seed)
     gmm = p.draw(src.generator)
     g = p.guarantee

@@ -88,7 +88,7 @@ def test_kl_falls_as_epsilon_grows(synthetic):
     for eps in (0.5, 1.0, 2.0, 4.0):
         p = kr.plan(X, y, epsilon=eps, delta=1e-5, mechanism="kl-paper")
         means.append(kr.expected_kl(p, ref, n_draws=100, seed=1).mean)
-    assert all(a > b for a, b in zip(means, means[1:])), means
+    assert all(a > b for a, b in zip(means[:-1], means[1:], strict=True)), means
 
 
 def test_to_sklearn_and_sample(iris):
@@ -129,7 +129,7 @@ def test_data_validation_messages_do_not_leak_counts():
     X = rng.normal(size=(12, 3))
     y = np.array([0] * 9 + [1] * 3)
     with pytest.raises(ValueError, match="at least 4 rows") as exc:
-        kr.release(X, y, epsilon=1.0, delta=1e-5)
+        kr.release(X, y, epsilon=1.0, delta=1e-5, mechanism="kl-paper")
     assert "3 rows" not in str(exc.value) and "9" not in str(exc.value)
     X2 = X.copy()
     X2[0, 0] = np.nan
@@ -156,3 +156,15 @@ def test_log_density_is_consistent_with_sampling(iris):
     probs = p.design.mapping.probs
     total = sum(np.exp(p.design.mapping.log_pmf(c)) for c in p.design.mapping.support)
     assert total == pytest.approx((1 - 1e-3) * probs.sum(), rel=1e-6, abs=1e-6)
+
+
+def test_certified_default_never_refuses_on_private_class_sizes():
+    """Refusing a dataset because a class is small would itself reveal labels."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+    y = np.array([0] * 37 + [1] * 2 + [2] * 1)
+    r = kr.release(X, y, epsilon=1.0, delta=1e-5, seed=0, classes=[0, 1, 2, 3])
+    assert r.mechanism == "kl-certified" and r.privacy.certified
+    assert r.gmm.weights.shape == (4,)
+    with pytest.raises(ValueError, match="every class needs"):
+        kr.release(X, y, epsilon=1.0, delta=1e-5, mechanism="kl-paper")

@@ -80,6 +80,10 @@ class Mechanism(ABC):
     summary: ClassVar[str]
     #: Options accepted by :meth:`plan` besides epsilon and delta, with their defaults.
     options: ClassVar[dict[str, Any]] = {}
+    #: Rows every class must hold before the mechanism runs; ``None`` means d + 1 (an
+    #: invertible class covariance). A refusal depends on the private class sizes, so a
+    #: certified mechanism whose proof covers all datasets sets 0.
+    min_class_size: ClassVar[int | None] = None
 
     @abstractmethod
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> Plan:

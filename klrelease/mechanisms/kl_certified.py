@@ -177,6 +177,7 @@ class KLCertified(Mechanism):
     """KL-minimising noise design on public inputs and released statistics (certified)."""
 
     name = "kl-certified"
+    min_class_size = 0  # never refuse on private class sizes
     summary = ("KL-minimising design from public bounds and released statistics; certified "
                "(eps, delta)-DP (recommended)")
     options = {
