@@ -171,14 +171,14 @@ def test_broken_baseline_warning_is_recorded(quick_runs):
 
 
 def test_trials_are_reproducible_and_independent_of_workers(tmp_path):
-    exp = get_experiment("fig1").configured(quick=True, trials=2)
+    exp = get_experiment("fig2").configured(quick=True, trials=2)
     mechs, _ = available_mechanisms(exp)
     a = run_trial(exp, 1, mechs).rows
     b = run_trial(exp, 1, mechs).rows
     key = ("x", "kl_mean", "objective")
     assert [[r[k] for k in key] for r in a] == [[r[k] for k in key] for r in b]
-    one = run_experiment("fig1", quick=True, trials=2, out=tmp_path / "a", progress=False)
-    two = run_experiment("fig1", quick=True, trials=2, out=tmp_path / "b", jobs=2,
+    one = run_experiment("fig13", quick=True, trials=2, out=tmp_path / "a", progress=False)
+    two = run_experiment("fig13", quick=True, trials=2, out=tmp_path / "b", jobs=2,
                          progress=False)
     assert [r["kl_mean"] for r in one.rows] == [r["kl_mean"] for r in two.rows]
 

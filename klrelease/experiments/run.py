@@ -99,12 +99,21 @@ def _clean(value):
     return value
 
 
+def _cell(value) -> str:
+    """A CSV cell: empty for None, floats to 8 significant digits."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.8g}"
+    return str(value)
+
+
 def _write_csv(path: Path, rows: list[dict]) -> None:
     with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(FIELDS), extrasaction="raise")
         writer.writeheader()
         for r in rows:
-            writer.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in FIELDS})
+            writer.writerow({k: _cell(r.get(k)) for k in FIELDS})
 
 
 def _merge(outcomes: list[TrialOutcome]):

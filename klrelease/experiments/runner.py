@@ -144,7 +144,7 @@ def run_trial(exp: Experiment, trial: int, mechs: list[MechanismSpec]) -> TrialO
             for w in caught:
                 counter[f"{w.category.__name__}: {_one_line(w.message)}"] += 1
             if spec.id not in out.guarantees:
-                out.guarantees[spec.id] = _guarantee_record(p)
+                out.guarantees[spec.id] = {**_guarantee_record(p), "recorded_at_x": value}
             if p.solver is not None:
                 out.solvers[p.solver.solver] += 1
             design = getattr(p, "design", None)
