@@ -315,3 +315,13 @@ def test_cli_exit_codes(tmp_path, capsys, sums_mechanism):
     assert main(["audit", "--mechanism", "kl-paper", "--csv", str(tmp_path / "x.csv"),
                  "--epsilon", "1", "--delta", "1e-5"]) == 2
     json.loads(out.read_text())
+
+
+def test_time_limit_cuts_the_audit_short_and_says_so(iris):
+    r = klrelease.audit("kl-paper", iris, epsilon=2, delta=1e-5, n_samples=5000, seed=4,
+                        time_limit=0.5)
+    assert r.stopped_by_time_limit and 1 <= r.pairs_examined < 300
+    assert "reached in time" in r.search
+    n = [d.joint.n_samples for p in r.confirmed_pairs for d in p.directions]
+    assert n and min(n) >= 25 and max(n) < 5000
+    assert r.violation  # the exact weights and the Wishart support still show

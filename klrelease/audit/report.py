@@ -107,7 +107,7 @@ class AuditReport(_Model):
         0, description="neighbours on which the mechanism refused to run (not audited)"
     )
     refusal_reasons: list[str] = Field(default_factory=list)
-    search: str = Field(description="'all neighbours' or 'extreme-point search'")
+    search: str = Field(description="how the examined neighbours were chosen")
     n_samples: int = Field(description="draws per direction for confirmed pairs")
     n_screen: int = Field(description="draws per direction for screening every pair")
     confidence: float

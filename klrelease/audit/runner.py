@@ -288,8 +288,6 @@ def audit(
     rng = np.random.default_rng(seed)
     neighbours = select_neighbours(data, relation, int(max_pairs), rng)
     total = count_neighbours(data, relation)
-    search = ("all neighbours" if total is not None and len(neighbours) == total
-              else "extreme-point search")
 
     def plan_on(nb: Neighbour):
         try:
@@ -330,6 +328,8 @@ def audit(
             screened.append(_Screened(nb, _pair_result(nb, "screen", [fwd, rev], dlt)))
         if progress is not None:
             progress("screen", i + 1, len(neighbours))
+
+    refused_screen = list(refused)
 
     # ---- confirmation of the top pairs with fresh draws
     ranked = sorted(screened, key=lambda s: -s.result.worst_estimate)
@@ -373,6 +373,13 @@ def audit(
             f"largest upper bound is {max_upper:.3g}, so delta = {dlt:g} is neither refuted "
             "nor proven by this audit"
         )
+    reached = len(screened) + len(refused_screen)
+    if total is not None and reached == total:
+        search = "all neighbours"
+    elif total is not None and len(neighbours) == total:
+        search = f"all neighbours in extremeness order, {reached} of {total} reached in time"
+    else:
+        search = "extreme-point search"
     ests = np.array([s.result.worst_estimate for s in screened]) if screened else np.zeros(1)
     return AuditReport(
         mechanism=mech.name,
