@@ -183,6 +183,17 @@ def test_trials_are_reproducible_and_independent_of_workers(tmp_path):
     assert [r["kl_mean"] for r in one.rows] == [r["kl_mean"] for r in two.rows]
 
 
+def test_a_failing_mechanism_gives_error_rows_not_a_crash():
+    from klrelease.experiments import MechanismSpec
+
+    exp = get_experiment("fig2").configured(quick=True)
+    bad = MechanismSpec("kl-paper", "bad", (("solver", "no-such-solver"),), key="bad")
+    rows = run_trial(exp, 0, [bad]).rows
+    assert len(rows) == len(exp.values)
+    assert all(r["status"] == "error" and "no-such-solver" in r["error"] for r in rows)
+    assert all("kl_mean" not in r for r in rows)
+
+
 # --------------------------------------------------------------------------- CLI
 
 

@@ -138,11 +138,13 @@ def run_trial(exp: Experiment, trial: int, mechs: list[MechanismSpec]) -> TrialO
                 except Exception as exc:  # recorded in the row, never dropped
                     row.update(status="error", error=f"{type(exc).__name__}: {_one_line(exc)}",
                                plan_seconds=time.perf_counter() - t0)
-                    out.rows.append(row)
-                    continue
+                    p = None
             counter = out.warnings.setdefault(spec.id, Counter())
             for w in caught:
                 counter[f"{w.category.__name__}: {_one_line(w.message)}"] += 1
+            if p is None:
+                out.rows.append(row)
+                continue
             if spec.id not in out.guarantees:
                 out.guarantees[spec.id] = {**_guarantee_record(p), "recorded_at_x": value}
             if p.solver is not None:
