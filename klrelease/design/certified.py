@@ -18,6 +18,7 @@ released values and costs no privacy (the proof is in ``mechanisms/kl_certified.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -36,6 +37,7 @@ __all__ = [
     "choose_budget",
     "covariance_noise_scales",
     "mean_noise_precisions",
+    "cached_mean_noise_precisions",
     "estimate_gmm_parts",
     "surrogate_kl",
     "upper_triangle",
@@ -351,6 +353,42 @@ def mean_sensitivity_of(pub: PublicInputs, P: np.ndarray) -> float:
         worst = max(4.0 * max(tau), max(tau[a] + tau[b] for a in range(K)
                                         for b in range(K) if a != b))
     return float(np.sqrt(worst))
+
+
+_DESIGN_CACHE: OrderedDict = OrderedDict()
+_DESIGN_CACHE_SIZE = 4096
+
+
+def _public_key(pub: PublicInputs, budget: Budget) -> tuple:
+    b = pub.bound
+    return (
+        pub.epsilon, pub.delta, pub.adjacency, pub.n_samples, pub.n_classes, pub.n_features,
+        b.centre.tobytes(), None if b.half_widths is None else b.half_widths.tobytes(),
+        b.radius, pub.covariance_floor, budget.count_parameter, budget.gaussian_sensitivity,
+        budget.covariance_share,
+    )
+
+
+def cached_mean_noise_precisions(
+    pub: PublicInputs, budget: Budget, counts: np.ndarray, second: np.ndarray
+) -> MeanNoiseDesign:
+    """:func:`mean_noise_precisions`, memoised on its (public and released) arguments.
+
+    The design is a function of public inputs and released values only, so two plans of the
+    same mechanism on neighbouring datasets (as a privacy audit builds them) give the same
+    design for the same output; one process-wide cache lets them share each solve.
+    """
+    key = (_public_key(pub, budget), np.asarray(counts).tobytes(),
+           np.asarray(second, dtype=float).tobytes())
+    hit = _DESIGN_CACHE.get(key)
+    if hit is not None:
+        _DESIGN_CACHE.move_to_end(key)
+        return hit
+    design = mean_noise_precisions(pub, budget, counts, second)
+    _DESIGN_CACHE[key] = design
+    while len(_DESIGN_CACHE) > _DESIGN_CACHE_SIZE:
+        _DESIGN_CACHE.popitem(last=False)
+    return design
 
 
 def mean_noise_precisions(

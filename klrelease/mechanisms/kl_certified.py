@@ -27,8 +27,7 @@ The weights, means and covariances are formed from the released values by projec
 from __future__ import annotations
 
 import warnings
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,10 +36,10 @@ from ..design.certified import (
     MeanNoiseDesign,
     PublicBound,
     PublicInputs,
+    cached_mean_noise_precisions,
     choose_budget,
     covariance_noise_scales,
     estimate_gmm_parts,
-    mean_noise_precisions,
     upper_triangle,
 )
 from ..gmm import GMM
@@ -118,20 +117,14 @@ class KLCertifiedPlan(Plan):
     counts: np.ndarray = None  # private
     first: np.ndarray = None  # private S1, (K, d)
     second: np.ndarray = None  # private S2, (K, d, d)
-    _designs: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     @property
     def count_noise(self) -> DiscreteLaplace:
         return DiscreteLaplace(self.budget.count_parameter)
 
     def mean_design(self, counts: np.ndarray, second: np.ndarray) -> MeanNoiseDesign:
-        """The mean-noise design for released (counts, second moments), cached."""
-        key = (np.asarray(counts).tobytes(), np.asarray(second, dtype=float).tobytes())
-        if key not in self._designs:
-            self._designs[key] = mean_noise_precisions(self.public, self.budget, counts, second)
-            while len(self._designs) > 64:
-                self._designs.popitem(last=False)
-        return self._designs[key]
+        """The mean-noise design for released (counts, second moments) (memoised)."""
+        return cached_mean_noise_precisions(self.public, self.budget, counts, second)
 
     def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         K, d = self.public.n_classes, self.public.n_features
