@@ -152,7 +152,9 @@ def sample(
     X, y = rel.gmm.sample(n, seed=seed)
     names = rel.feature_names or [f"x{i}" for i in range(rel.gmm.n_features)]
     lines = [",".join([*names, "label"])]
-    lines += [",".join([*(f"{v:.6g}" for v in row), str(lab)]) for row, lab in zip(X, y)]
+    lines += [
+        ",".join([*(f"{v:.6g}" for v in row), str(lab)]) for row, lab in zip(X, y, strict=True)
+    ]
     _write_atomic(out, "\n".join(lines) + "\n")
     err_console.print(f"wrote {n} rows to {out}")
 

@@ -19,7 +19,7 @@ remove-one, one added under add-one (29).
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 import numpy as np
 
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 
-class Adjacency(str, Enum):
+class Adjacency(StrEnum):
     """Neighbouring relations between datasets."""
 
     LABEL_FLIP = "label-flip"
@@ -47,7 +47,9 @@ ADJACENCY_DESCRIPTIONS = {
         "datasets differ in the features of one record (labels fixed), rows clipped to "
         "||x|| <= B"
     ),
-    Adjacency.REMOVE_ONE: "one dataset is the other with one record removed, rows clipped to ||x|| <= B",
+    Adjacency.REMOVE_ONE: (
+        "one dataset is the other with one record removed, rows clipped to ||x|| <= B"
+    ),
     Adjacency.ADD_ONE: "one dataset is the other with one record added, rows clipped to ||x|| <= B",
     Adjacency.REPLACE_ONE: (
         "datasets differ in one record (features and label), rows clipped to the public bound"

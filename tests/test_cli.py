@@ -32,7 +32,7 @@ def test_quick_start_release_inspect_sample(tmp_path):
 def _write_csv(path, X, y, label="class"):
     with open(path, "w") as fh:
         fh.write(",".join([f"f{i}" for i in range(X.shape[1])] + [label]) + "\n")
-        for row, lab in zip(X, y):
+        for row, lab in zip(X, y, strict=True):
             fh.write(",".join(str(v) for v in row) + f",{lab}\n")
 
 
@@ -47,7 +47,8 @@ def test_csv_and_npz_inputs(tmp_path, monkeypatch, capsys):
                  "--mechanism", "kl-paper"]) == 0
     np.savez(tmp_path / "d.npz", X=X, y=np.repeat([0, 1, 2], 20))
     assert main(["release", "--npz", "d.npz", "--epsilon", "1", "--delta", "1e-5",
-                 "--out", "b.json", "--mechanism", "kl-paper", "--option", "adjacency=change-one-record",
+                 "--out", "b.json", "--mechanism", "kl-paper",
+                 "--option", "adjacency=change-one-record",
                  "--norm-bound", "6"]) == 0
     doc = json.loads((tmp_path / "b.json").read_text())
     assert doc["privacy"]["neighbouring"] == "change-one-record"

@@ -138,9 +138,10 @@ def test_record_level_variants(synthetic):
     for k in range(5):
         r2 = (2 * B / change.stats.counts[k]) ** 2
         np.testing.assert_allclose(change.design.mean_cov[k], r2 / c[k] * np.eye(3))
-    rem = kr.plan(X, y, epsilon=1.0, delta=1e-5, adjacency="remove-one", norm_bound=B, mechanism="kl-paper")
+    paper = dict(epsilon=1.0, delta=1e-5, norm_bound=B, mechanism="kl-paper")
+    rem = kr.plan(X, y, adjacency="remove-one", **paper)
     assert rem.design.mapping.support.shape == (6, 5)  # pi(D) and K neighbours (29)
-    add = kr.plan(X, y, epsilon=1.0, delta=1e-5, adjacency="add-one", norm_bound=B, mechanism="kl-paper")
+    add = kr.plan(X, y, adjacency="add-one", **paper)
     assert np.all(add.design.mapping.support[1:].sum(1) == len(y) + 1)
     with pytest.raises(ValueError, match="norm_bound"):
         kr.plan(X, y, epsilon=1.0, delta=1e-5, adjacency="remove-one", mechanism="kl-paper")

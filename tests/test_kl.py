@@ -11,8 +11,10 @@ def _two_models():
     def cov():
         A = rng.normal(size=(d, d))
         return A @ A.T + 0.5 * np.eye(d)
-    p = kr.GMM(np.array([0.2, 0.5, 0.3]), rng.normal(size=(K, d)), np.stack([cov() for _ in range(K)]))
-    q = kr.GMM(np.array([0.3, 0.4, 0.3]), rng.normal(size=(K, d)), np.stack([cov() for _ in range(K)]))
+    p = kr.GMM(np.array([0.2, 0.5, 0.3]), rng.normal(size=(K, d)),
+               np.stack([cov() for _ in range(K)]))
+    q = kr.GMM(np.array([0.3, 0.4, 0.3]), rng.normal(size=(K, d)),
+               np.stack([cov() for _ in range(K)]))
     return p, q
 
 

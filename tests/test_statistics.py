@@ -59,7 +59,7 @@ def test_remove_one_vectors_are_leavers_only():
     s = class_statistics(X, y, 3)
     V = class_neighbour_vectors(X, y, 1, s.means[1], int(s.counts[1]), joiners=False)
     assert V.shape[0] == s.counts[1]
-    for x, v in zip(X[y == 1], V):
+    for x, v in zip(X[y == 1], V, strict=True):
         mu2 = (s.means[1] * s.counts[1] - x) / (s.counts[1] - 1)
         np.testing.assert_allclose(s.means[1] - mu2, v, atol=1e-12)
 

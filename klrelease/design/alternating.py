@@ -95,8 +95,9 @@ def design_kl_paper(
     probs = None
     col_sum = None
     prev = np.inf
-    it = 0
-    for it in range(1, max_iter + 1):
+    iterations = 0
+    for _ in range(max_iter):
+        iterations += 1
         gamma = wishart_scale(d, tr_sinv, counts, epsilon - eps0 - eps_k)
         eps_k = epsilon - eps0 - wishart_cost(gamma, counts)
         c = eps_k**2 / log_term
@@ -129,7 +130,7 @@ def design_kl_paper(
         mapping=mapping,
         objective=trace[-1],
         objective_trace=tuple(trace),
-        iterations=it,
+        iterations=iterations,
         printed_column_sum=col_sum,
         solver=unit.solver,
     )
