@@ -122,6 +122,14 @@ def audit_command(
         + f"; {report.time_s:.1f} s)"
     )
     out_console.print(summary_table(report))
+    if report.worst_pair is not None:
+        def show(x):
+            return "+inf" if x is None else f"{x:.3g}"
+
+        losses = "; ".join(f"{d.direction}: 99th percentile {show(d.loss_q99)}, max "
+                           f"{show(d.loss_max)}" for d in report.worst_pair.directions)
+        out_console.print(f"privacy loss L of the worst pair ({losses}); epsilon = "
+                          f"{report.epsilon:g}")
     colour = "red" if report.violation else "green"
     out_console.print(f"[bold {colour}]{report.verdict}[/]")
     out_console.print("An audit can refute a privacy claim, not prove it; see 'limits' in the "

@@ -69,6 +69,13 @@ class DirectionResult(_Model):
     inconsistent_draws: int = Field(
         0, description="draws that the sampling plan's own density calls impossible"
     )
+    loss_q99: float | None = Field(
+        None, description="99th percentile of the joint privacy loss L over the draws "
+        "(null: +inf, a support mismatch); compare with epsilon"
+    )
+    loss_max: float | None = Field(
+        None, description="largest joint privacy loss over the draws (null: +inf)"
+    )
 
 
 class PairResult(_Model):
