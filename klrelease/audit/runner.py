@@ -31,6 +31,7 @@ below about 1/n, so an audit can refute a claim but never prove it.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ import numpy as np
 from ..data import as_labelled_data, check_privacy_parameters
 from ..mechanisms import COMPONENTS, Plan, get_mechanism
 from ..neighbours import Adjacency
+from ..warnings_ import PrivacyLeakWarning
 from .exact import exact_weights_delta
 from .hockey_stick import DeltaEstimate, estimate_delta, hockey_stick_terms
 from .neighbours import Neighbour, count_neighbours, select_neighbours
@@ -308,7 +310,9 @@ def audit(
 
     def plan_on(nb: Neighbour):
         try:
-            return mech.plan(nb.data, epsilon=eps, delta=dlt, **options), None
+            with warnings.catch_warnings():  # already shown once, for D
+                warnings.simplefilter("ignore", PrivacyLeakWarning)
+                return mech.plan(nb.data, epsilon=eps, delta=dlt, **options), None
         except Exception as exc:  # a refusal is reported, not audited
             if isinstance(exc, ValueError) or type(exc).__name__ in (
                 "SolverFailed", "SolverUnavailable"
