@@ -325,3 +325,18 @@ def test_time_limit_cuts_the_audit_short_and_says_so(iris):
     n = [d.joint.n_samples for p in r.confirmed_pairs for d in p.directions]
     assert n and min(n) >= 25 and max(n) < 5000
     assert r.violation  # the exact weights and the Wishart support still show
+
+
+def test_record_level_audit_of_kl_paper(iris):
+    """remove-one: the total changes, so D's uniform floor is impossible under D' (mass lambda),
+    and 3 of the 4 points of f' (uniform on pi(D) and its K removals) are not in the
+    neighbour's design either."""
+    r = klrelease.audit("kl-paper", iris.X, iris.codes, epsilon=2, delta=1e-5, norm_bound=10,
+                        adjacency="remove-one", max_pairs=3, n_samples=100, seed=0)
+    assert r.neighbouring == "remove-one" and r.violation
+    d = r.worst_pair.directions[0]
+    # the two points c - e_j (j != a) keep the neighbour's own floor lambda / C(N - 2, K - 1)
+    expected = (1 - 1e-3) * 3 / 4 + 1e-3 - 2 * np.exp(2.0) * 1e-3 / comb(148, 2)
+    assert d.exact_components["weights"].estimate == pytest.approx(expected, rel=1e-9)
+    assert d.exact_components["weights"].support_mismatch == pytest.approx(
+        (1 - 1e-3) / 4 + 1e-3, abs=1e-6)  # the point pi(D) itself has total N
