@@ -62,6 +62,9 @@ def audit_command(
     out: Annotated[Path | None, typer.Option(help="write the JSON report here")] = None,
     samples: Annotated[int, typer.Option(help="draws per direction for confirmed pairs")] = 2000,
     max_pairs: Annotated[int, typer.Option(help="most neighbouring datasets examined")] = 300,
+    screen_samples: Annotated[
+        int | None, typer.Option(help="draws per direction when screening (default 200)")
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="seed of the audit's randomness")] = None,
     time_limit: Annotated[
         float, typer.Option(help="seconds the audit may take (0: no limit)")
@@ -110,7 +113,7 @@ def audit_command(
 
         report = audit(mech.name, data, epsilon=eps, delta=dlt, bounds=bounds,
                        norm_bound=norm_bound, neighbouring=neighbouring, n_samples=samples,
-                       max_pairs=max_pairs, seed=seed, progress=progress,
+                       max_pairs=max_pairs, seed=seed, progress=progress, n_screen=screen_samples,
                        time_limit=time_limit if time_limit > 0 else None, **opts)
 
     out_console.print(
