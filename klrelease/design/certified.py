@@ -35,6 +35,7 @@ __all__ = [
     "PublicInputs",
     "MeanNoiseDesign",
     "choose_budget",
+    "optimise_budget",
     "covariance_noise_scales",
     "mean_noise_precisions",
     "cached_mean_noise_precisions",
@@ -186,7 +187,28 @@ def surrogate_kl(pub: PublicInputs, a: float, s: float, covariance_share: float)
     return float(c_count * var_z + c_mean / ((1 - f) * s**2) + cov_term)
 
 
+_BUDGET_CACHE: OrderedDict = OrderedDict()
+
+
 def choose_budget(pub: PublicInputs) -> Budget:
+    """:func:`optimise_budget`, memoised on the public inputs (a pure function of them).
+
+    Plans on neighbouring datasets (as an audit builds them) share one calibration.
+    """
+    b = pub.bound
+    key = (pub.epsilon, pub.delta, pub.adjacency, pub.n_samples, pub.n_classes,
+           pub.n_features, b.centre.tobytes(),
+           None if b.half_widths is None else b.half_widths.tobytes(), b.radius,
+           pub.covariance_floor, pub.count_share, pub.covariance_share)
+    hit = _BUDGET_CACHE.get(key)
+    if hit is None:
+        hit = _BUDGET_CACHE[key] = optimise_budget(pub)
+        while len(_BUDGET_CACHE) > 256:
+            _BUDGET_CACHE.popitem(last=False)
+    return hit
+
+
+def optimise_budget(pub: PublicInputs) -> Budget:
     """The budget split minimising :func:`surrogate_kl` (or the fixed split if given).
 
     The count share ``a`` is searched on a log grid then refined; for each ``a`` the Gaussian
