@@ -74,6 +74,17 @@ def _parse_option(item: str) -> tuple[str, object]:
     return key.strip().replace("-", "_"), value
 
 
+def mechanism_inputs(option, lower, upper) -> tuple[dict, tuple | None]:
+    """The ``--option KEY=VALUE`` pairs and the public box of ``--lower``/``--upper``."""
+    opts = dict(_parse_option(o) for o in (option or []))
+    if (lower is None) != (upper is None):
+        _fail("give both --lower and --upper, or neither")
+    bounds = None
+    if lower is not None:
+        bounds = (_parse_floats(lower, "--lower"), _parse_floats(upper, "--upper"))
+    return opts, bounds
+
+
 def _load_input(dataset, csv_path, label_column, npz_path):
     from .data import as_labelled_data, load_csv, load_dataset, load_npz
 
@@ -120,12 +131,7 @@ def release(
 
     eps, dlt = check_privacy_parameters(epsilon, delta)
     mech = get_mechanism(mechanism)
-    opts = dict(_parse_option(o) for o in (option or []))
-    if (lower is None) != (upper is None):
-        _fail("give both --lower and --upper, or neither")
-    bounds = None
-    if lower is not None:
-        bounds = (_parse_floats(lower, "--lower"), _parse_floats(upper, "--upper"))
+    opts, bounds = mechanism_inputs(option, lower, upper)
     data = _load_input(dataset, csv, label_column, npz)
     with err_console.status(f"designing {mech.name} ..."):
         rel = do_release(data, None, epsilon=eps, delta=dlt, mechanism=mech.name, seed=seed,

@@ -15,11 +15,10 @@ from rich.table import Table
 from ..cli import (
     _fail,
     _load_input,
-    _parse_floats,
-    _parse_option,
     _write_atomic,
     app,
     err_console,
+    mechanism_inputs,
     out_console,
 )
 
@@ -92,12 +91,7 @@ def audit_command(
         _fail(f"--max-pairs must be >= 1, got {max_pairs}")
     if time_limit < 0:
         _fail(f"--time-limit must be >= 0, got {time_limit}")
-    opts = dict(_parse_option(o) for o in (option or []))
-    if (lower is None) != (upper is None):
-        _fail("give both --lower and --upper, or neither")
-    bounds = None
-    if lower is not None:
-        bounds = (_parse_floats(lower, "--lower"), _parse_floats(upper, "--upper"))
+    opts, bounds = mechanism_inputs(option, lower, upper)
     if out is not None and not Path(out).parent.exists():
         _fail(f"cannot write {out}: directory {Path(out).parent} does not exist")
     data = _load_input(dataset, csv, label_column, npz)
