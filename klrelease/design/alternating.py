@@ -67,6 +67,7 @@ def design_kl_paper(
     max_iter: int = 20,
     tol: float = 1e-3,
     solver: str = "auto",
+    reduce: str = "auto",
 ) -> PaperDesign:
     """Run Algorithm 1 on the statistics of one dataset."""
     K, d, N = stats.n_classes, stats.n_features, stats.n_samples
@@ -75,7 +76,8 @@ def design_kl_paper(
     sigma_inv = 0.5 * (sigma_inv + sigma_inv.transpose(0, 2, 1))
     tr_sinv = np.einsum("kii->k", sigma_inv)
     unit = unit_mean_noise(
-        X, codes, stats, sigma_inv, adjacency, norm_bound=norm_bound, solver=solver
+        X, codes, stats, sigma_inv, adjacency, norm_bound=norm_bound, solver=solver,
+        reduce=reduce,
     )
     log_term = 2.0 * np.log(2.0 / delta)
     pi = stats.weights

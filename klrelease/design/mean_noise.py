@@ -71,8 +71,10 @@ def unit_mean_noise(
     *,
     norm_bound: float | None = None,
     solver: str = "auto",
+    reduce: str = "auto",
 ) -> UnitMeanNoise:
-    """Solve (23) at c = 1 for every class."""
+    """Solve (23) at c = 1 for every class (``solver``, ``reduce``: see
+    :func:`solvers.mean_noise_sdp`)."""
     K, d = stats.n_classes, stats.n_features
     G1 = np.empty((K, d, d))
     results = []
@@ -86,7 +88,7 @@ def unit_mean_noise(
             X, codes, k, stats.means[k], int(stats.counts[k]),
             leavers=True, joiners=adjacency == Adjacency.LABEL_FLIP, out=buffer,
         )
-        res = solvers.mean_noise_sdp(sigma_inv[k], V, solver=solver)
+        res = solvers.mean_noise_sdp(sigma_inv[k], V, solver=solver, reduce=reduce)
         G1[k] = res.G
         results.append(res)
     T = np.einsum("kij,kji->k", sigma_inv, G1)

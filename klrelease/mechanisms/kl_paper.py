@@ -51,6 +51,7 @@ from .base import Guarantee, Mechanism, Plan, check_options
 __all__ = ["KLPaper", "KLPaperPlan", "SOLVER_NAMES", "NOT_CERTIFIED_REASONS"]
 
 SOLVER_NAMES = ("auto", "native", "clarabel", "scs", "mosek")
+REDUCE_NAMES = ("auto", "none", "hull", "active-set")
 
 NOT_CERTIFIED_REASONS = (
     "The randomised weights are centred on the true class counts: for a neighbouring dataset "
@@ -150,6 +151,7 @@ class KLPaper(Mechanism):
         "max_iter": 20,
         "tol": 1e-3,
         "solver": "auto",
+        "reduce": "auto",
     }
 
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> KLPaperPlan:
@@ -170,6 +172,10 @@ class KLPaper(Mechanism):
             raise ValueError(f"max_iter must be >= 1, got {opts['max_iter']!r}")
         if float(opts["tol"]) < 0:
             raise ValueError(f"tol must be >= 0, got {opts['tol']!r}")
+        if opts["reduce"] not in REDUCE_NAMES:
+            raise ValueError(
+                f"unknown reduce {opts['reduce']!r}; allowed: {', '.join(REDUCE_NAMES)}"
+            )
         if opts["solver"] not in SOLVER_NAMES:
             raise ValueError(
                 f"unknown solver {opts['solver']!r}; allowed: {', '.join(SOLVER_NAMES)}"
@@ -190,7 +196,7 @@ class KLPaper(Mechanism):
         design = design_kl_paper(
             X, data.codes, stats, epsilon=epsilon, delta=delta, adjacency=adjacency,
             norm_bound=B, lam=lam, max_iter=int(opts["max_iter"]), tol=float(opts["tol"]),
-            solver=opts["solver"],
+            solver=opts["solver"], reduce=opts["reduce"],
         )
         guarantee = Guarantee(
             epsilon=epsilon,
@@ -212,6 +218,7 @@ class KLPaper(Mechanism):
             "max_iter": int(opts["max_iter"]),
             "tol": float(opts["tol"]),
             "solver": opts["solver"],
+            "reduce": opts["reduce"],
         }
         if adjacency != Adjacency.LABEL_FLIP:
             public["norm_bound"] = B
