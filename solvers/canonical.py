@@ -43,8 +43,8 @@ class Canonical:
         Canonical rows ``Q_r^T L^T v_n / s`` (zero rows of ``V`` stay zero).
     L : ndarray of shape (d, d)
         Lower Cholesky factor of ``A``.
-    basis : ndarray of shape (d, r) or None
-        Orthonormal basis ``Q_r`` of the span (``None`` when ``r = d``).
+    basis : ndarray of shape (d, r)
+        Orthonormal basis ``Q_r`` of the span: the principal axes of the whitened rows.
     scale : float
         ``s``, the largest norm of ``L^T v_n`` (0 when every row is zero).
     sq_norms : ndarray of shape (n,)
@@ -53,7 +53,7 @@ class Canonical:
 
     U: np.ndarray
     L: np.ndarray
-    basis: np.ndarray | None
+    basis: np.ndarray
     scale: float
     sq_norms: np.ndarray
 
@@ -70,7 +70,7 @@ class Canonical:
         d = self.L.shape[0]
         if self.rank == 0:
             return np.zeros((d, d))
-        X = H if self.basis is None else self.basis @ H @ self.basis.T
+        X = self.basis @ H @ self.basis.T
         Y = solve_triangular(self.L, X, lower=True, trans="T")  # L^{-T} X
         G = solve_triangular(self.L, Y.T, lower=True, trans="T").T  # (L^{-T} X) L^{-1}
         G = 0.5 * (G + G.T) * self.scale**2
@@ -80,54 +80,115 @@ class Canonical:
 def canonicalise(A: np.ndarray, V: np.ndarray) -> Canonical:
     """Build the canonical form of the problem for validated ``A`` and ``V``.
 
-    One pass of matrix products over ``V`` (``O(n d^2)``), no ``n x d x d`` arrays.
+    Two passes of matrix products over ``V`` (``O(n d^2)``; no ``n x d x d`` arrays): the Gram
+    matrix ``V^T V``, then ``U = V L Q / s`` where ``Q`` holds the principal axes of the
+    whitened rows in decreasing order of extent. Working in principal axes is an orthogonal
+    change of coordinates (it keeps ``tr(H)``), and it makes strongly anisotropic problems
+    (an ill-conditioned ``A``) column-graded, so that the singular values used by the native
+    solver keep their relative accuracy.
     """
     L = np.linalg.cholesky(A)
-    U = V @ L  # rows L^T v
-    sq = np.einsum("ij,ij->i", U, U)
-    smax = float(np.sqrt(sq.max())) if sq.size else 0.0
     d = A.shape[0]
+    n = V.shape[0]
+    gram_v = np.zeros((d, d))
+    for start in range(0, n, CHUNK_ROWS):
+        block = V[start : start + CHUNK_ROWS]
+        gram_v += block.T @ block
+    gram_u = L.T @ gram_v @ L
+    lam, Q = np.linalg.eigh(0.5 * (gram_u + gram_u.T))
+    lam, Q = lam[::-1], Q[:, ::-1]
+    if not lam[0] > 0:
+        return Canonical(np.zeros((n, 0)), L, np.zeros((d, 0)), 0.0, np.zeros(n))
+    big = lam > _GRAM_CLEAR * lam[0]
+    U = _project(V, L @ Q)
+    sq = np.einsum("ij,ij->i", U, U)
+    smax = float(np.sqrt(sq.max()))
     if smax == 0.0:
-        return Canonical(np.zeros((V.shape[0], 0)), L, np.zeros((d, 0)), 0.0, np.zeros(V.shape[0]))
+        return Canonical(np.zeros((n, 0)), L, np.zeros((d, 0)), 0.0, np.zeros(n))
     U /= smax
     sq /= smax**2
-    basis = _span_basis(U)
-    if basis is not None:
-        U = _project(U, basis)
+    basis = Q
+    if not big.all():
+        basis, U = _resolve_small_directions(U, Q, big)
         sq = np.einsum("ij,ij->i", U, U)
     return Canonical(U, L, basis, smax, sq)
 
 
-def _project(U: np.ndarray, basis: np.ndarray) -> np.ndarray:
-    out = np.empty((U.shape[0], basis.shape[1]))
-    for start in range(0, U.shape[0], CHUNK_ROWS):
-        out[start : start + CHUNK_ROWS] = U[start : start + CHUNK_ROWS] @ basis
+def _project(V: np.ndarray, P: np.ndarray) -> np.ndarray:
+    out = np.empty((V.shape[0], P.shape[1]))
+    for start in range(0, V.shape[0], CHUNK_ROWS):
+        out[start : start + CHUNK_ROWS] = V[start : start + CHUNK_ROWS] @ P
     return out
 
 
-def _span_basis(U: np.ndarray) -> np.ndarray | None:
-    """Orthonormal basis of the span of the rows of ``U`` (rows of norm <= 1, max 1).
+def _resolve_small_directions(U: np.ndarray, Q: np.ndarray, big: np.ndarray):
+    """Decide which nearly-null principal directions belong to the span of the rows.
 
-    Returns ``None`` when the rows span the whole space. Directions whose Gram eigenvalue is
-    clearly resolved are kept; for the (rare) nearly-null directions the rows are projected on
-    them and a direction is kept only if some row has a component above ``1e-10`` along it,
-    which resolves ranks beyond the accuracy of the Gram matrix.
+    The Gram matrix cannot resolve directions whose extent is below about ``1e-8`` of the
+    largest. Those columns of ``U`` (rows already projected on them) are re-oriented by their
+    own singular vectors, and a direction is kept only if some row (of norm at most one)
+    reaches beyond ``1e-10`` along it. The result is an ``r``-dimensional problem with a
+    singular ``G`` of rank ``r`` when the rows span a subspace.
     """
-    lam, Q = np.linalg.eigh(U.T @ U)
-    clear = lam > _GRAM_CLEAR * lam[-1]
-    if clear.all():
-        return None
-    keep = [Q[:, clear]]
-    Qs = Q[:, ~clear]
-    R = _project(U, Qs)
-    # Right singular vectors of the residual block order its directions by their extent.
-    _, sv, Wt = np.linalg.svd(R, full_matrices=False)
-    dirs = Qs @ Wt.T
-    extents = np.abs(_project(R, Wt.T)).max(axis=0) if R.shape[0] else np.zeros(Qs.shape[1])
-    keep.append(dirs[:, extents > _SPAN_TOL])
-    basis = np.hstack(keep)
-    if basis.shape[1] == U.shape[1]:
-        return None
-    # Re-orthonormalise (the two blocks are orthogonal up to rounding).
-    basis, _ = np.linalg.qr(basis)
-    return basis
+    k = int(big.sum())
+    R = U[:, k:]
+    _, _, Wt = np.linalg.svd(R, full_matrices=False)
+    R = R @ Wt.T
+    extents = np.abs(R).max(axis=0)
+    keep = extents > _SPAN_TOL
+    basis = np.hstack([Q[:, :k], Q[:, k:] @ Wt.T[:, keep]])
+    U = np.hstack([U[:, :k], R[:, keep]])
+    return basis, U
+
+
+@dataclass
+class Frame:
+    """The canonical rows in coordinates handed to a backend.
+
+    A diagonal congruence ``H = D H_f D`` with rows ``u_f = D^{-1} u`` turns
+    ``min tr(H) s.t. H >= u u^T`` into ``min tr(C H_f) s.t. H_f >= u_f u_f^T`` with
+    ``C = D^2``: the same problem in other units.
+
+    Attributes
+    ----------
+    U : ndarray of shape (n, r)
+        Rows ``u_f``.
+    c : ndarray of shape (r,) or None
+        Diagonal of the objective matrix ``C`` (``None``: the identity).
+    d : ndarray of shape (r,) or None
+        Diagonal of ``D`` (``None``: the identity).
+    sq_norms : ndarray of shape (n,)
+        Squared norms of the rows (zero exactly for the zero rows of ``V``).
+    """
+
+    U: np.ndarray
+    c: np.ndarray | None
+    d: np.ndarray | None
+    sq_norms: np.ndarray
+
+    def to_canonical(self, H: np.ndarray) -> np.ndarray:
+        """``D H_f D``."""
+        return H if self.d is None else H * np.outer(self.d, self.d)
+
+
+def whitened_frame(canon: Canonical) -> Frame:
+    """The canonical coordinates themselves (objective ``tr(H)``): the native solver's frame."""
+    return Frame(canon.U, None, None, canon.sq_norms)
+
+
+def balanced_frame(canon: Canonical) -> Frame:
+    """Coordinates in which the expected solution is well conditioned (for cvxpy backends).
+
+    The optimum is ``H = h M(w)^{1/2}`` for the optimal weights (the geometric mean of the
+    identity and ``M``); with the data's own second moments ``m_j = sum_n u_nj^2`` along the
+    principal axes as a proxy for ``M``, the scaling ``D = diag(m_j^{1/4})`` makes
+    ``H_f = D^{-1} H D^{-1}`` close to a multiple of the identity. Whitening by ``A`` alone can
+    leave ``H`` with a condition number of ``cond(A)`` when the rows are not shaped like
+    ``A^{-1}``, which interior-point solvers resolve only to about their feasibility
+    tolerance times that condition number; this frame removes that loss.
+    """
+    m = np.einsum("ij,ij->j", canon.U, canon.U)
+    d = np.sqrt(np.sqrt(m / m.max()))
+    U = canon.U / d
+    sq = np.einsum("ij,ij->i", U, U)
+    return Frame(U, d * d, d, sq)

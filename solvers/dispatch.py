@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from .backends import BACKENDS
-from .canonical import Canonical, canonicalise
+from .canonical import Canonical, balanced_frame, canonicalise, whitened_frame
 from .problem import (
     FEASIBILITY_TOL,
     SDPResult,
@@ -78,8 +78,9 @@ def mean_noise_sdp(
     reduce : {"auto", "none", "hull", "active-set"}
         ``"hull"``: solve on the vertices of the symmetric convex hull (Qhull; small
         dimensions). ``"active-set"``: cutting-plane loop adding violated rows to a working
-        set. ``"none"``: hand every non-zero row to the backend. ``"auto"``: the hull up to
-        dimension 4, the active set above, nothing for a handful of rows. Every mode returns
+        set. ``"none"``: hand every non-zero row to the backend. ``"auto"``: the hull in
+        dimensions up to 3 (and up to 20000 rows), the active set otherwise, nothing for a
+        handful of rows. Every mode returns
         the optimum of the full problem.
     time_limit : float, optional
         Wall-clock budget in seconds for the whole call (passed on to the backends).
@@ -169,8 +170,9 @@ def _solve_with(
     # rows are added only above it.
     solve_tol = tol / 2 if native else tol
     add_tol = tol / 2 if native else tol
+    frame = whitened_frame(canon) if native else balanced_frame(canon)
     sol, scores, working, mode, rounds = solve_reduced(
-        canon,
+        frame,
         backend,
         reduce=reduce,
         tol=solve_tol,
@@ -187,7 +189,7 @@ def _solve_with(
             f"{FEASIBILITY_TOL:.0e}",
         )
     H = sol.H * (1.0 + worst) if worst > 0 else sol.H
-    G = canon.to_G(H)
+    G = canon.to_G(frame.to_canonical(H))
     violation = max_violation(G, V)
     if not violation <= FEASIBILITY_TOL:
         raise SolverFailed(
@@ -196,7 +198,8 @@ def _solve_with(
             f"the mapped solution violates a constraint by {violation:.2e} (relative)",
         )
     lower = sol.lower_bound
-    gap = float(np.trace(H)) / lower - 1.0 if lower and np.isfinite(lower) else float("nan")
+    value = float(np.trace(H)) if frame.c is None else float(np.diag(H) @ frame.c)
+    gap = value / lower - 1.0 if lower and np.isfinite(lower) else float("nan")
     return dict(
         G=_frozen(G),
         objective=float(np.sum(A * G)),

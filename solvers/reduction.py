@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from .canonical import Canonical
+from .canonical import Frame
 from .problem import CHUNK_ROWS, SolverFailed
 
 __all__ = ["REDUCTIONS", "hull_candidates", "initial_working_set", "row_scores", "solve_reduced"]
@@ -25,11 +25,16 @@ __all__ = ["REDUCTIONS", "hull_candidates", "initial_working_set", "row_scores",
 REDUCTIONS = ("auto", "none", "hull", "active-set")
 
 #: ``reduce="auto"`` uses the hull up to this dimension (Qhull's cost grows quickly with it).
-HULL_MAX_DIM = 4
+HULL_MAX_DIM = 3
+#: ... and up to this many non-zero rows (beyond, the active set is faster).
+HULL_MAX_ROWS = 20_000
 #: ``reduce="auto"`` hands the rows over unreduced when there are at most this many.
 DIRECT_MAX_ROWS = 24
-#: Candidate sets up to this size are solved in one go (no active-set rounds).
+#: Hull candidate sets up to this size are solved in one go (no active-set rounds).
 DIRECT_CANDIDATES = 64
+#: ``reduce="hull"`` falls back to the active set above this dimension: Qhull's output (and
+#: time) grows exponentially with it.
+HULL_HARD_MAX_DIM = 5
 #: Limit on the number of active-set rounds.
 MAX_ROUNDS = 60
 
@@ -52,9 +57,12 @@ def row_scores(U: np.ndarray, H: np.ndarray) -> np.ndarray:
 def hull_candidates(U: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
     """Indices (into ``U``) of rows that are vertices of the hull of ``{+u, -u}``.
 
-    Returns ``None`` when Qhull cannot build the hull (e.g. numerically flat inputs); the
-    caller then falls back to the active-set loop.
+    In one dimension that is the row of largest absolute value. Returns ``None`` when Qhull
+    cannot build the hull (e.g. numerically flat inputs); the caller then falls back to the
+    active-set loop.
     """
+    if U.shape[1] == 1:
+        return rows[[int(np.argmax(np.abs(U[rows, 0])))]]
     from scipy.spatial import ConvexHull, QhullError
 
     P = U[rows]
@@ -69,8 +77,8 @@ def initial_working_set(U: np.ndarray, rows: np.ndarray, sq_norms: np.ndarray) -
     """A small spanning starting set: the rows most outside the data's own ellipsoid.
 
     The rows with the largest ``u^T S^{-1/2} u`` for ``S = sum_n u_n u_n^T`` over ``rows``
-    (a scaled-down guess of the optimal ``H``), plus the row of largest norm and, per
-    principal direction, the row reaching furthest along it, so the set spans ``R^r``.
+    (a scaled-down guess of the optimal ``H``) and the row of largest norm; if these do not
+    span ``R^r``, the row reaching furthest along each principal direction is added.
     """
     r = U.shape[1]
     P = U[rows] if rows.shape[0] < U.shape[0] else U
@@ -80,10 +88,11 @@ def initial_working_set(U: np.ndarray, rows: np.ndarray, sq_norms: np.ndarray) -
     scores = row_scores(P, H0)
     k = min(P.shape[0], 2 * r + 4)
     top = np.argpartition(-scores, k - 1)[:k]
-    extremes = [int(np.argmax(sq_norms[rows]))]
-    proj = P @ Q
-    extremes += list(np.argmax(np.abs(proj), axis=0))
-    return rows[np.unique(np.concatenate([top, np.asarray(extremes, dtype=int)]))]
+    picked = np.unique(np.append(top, np.argmax(sq_norms[rows])))
+    if not _spans(P, picked):
+        extremes = np.argmax(np.abs(P @ Q), axis=0)
+        picked = np.unique(np.concatenate([picked, extremes]))
+    return rows[picked]
 
 
 def _spans(U: np.ndarray, idx: np.ndarray) -> bool:
@@ -95,7 +104,7 @@ def _spans(U: np.ndarray, idx: np.ndarray) -> bool:
 
 
 def solve_reduced(
-    canon: Canonical,
+    frame: Frame,
     backend,
     *,
     reduce: str,
@@ -108,10 +117,10 @@ def solve_reduced(
 
     Parameters
     ----------
-    canon : Canonical
-        The canonical problem (rank ``r >= 1``).
+    frame : Frame
+        The canonical problem (rank ``r >= 1``) in the backend's coordinates.
     backend : object
-        Has ``name`` and ``solve(U, *, tol, max_iters, time_limit, w0)``.
+        Has ``name`` and ``solve(U, c, *, tol, max_iters, time_limit, w0)``.
     reduce : {"auto", "none", "hull", "active-set"}
     tol : float
         Backend tolerance on each working set.
@@ -126,34 +135,32 @@ def solve_reduced(
         The last backend solution, ``u^T H^{-1} u`` for every row, the working indices, the
         reduction actually used and the number of backend solves.
     """
-    U = canon.U
+    U = frame.U
     n, r = U.shape
-    rows = np.flatnonzero(canon.sq_norms > 0)
+    rows = np.flatnonzero(frame.sq_norms > 0)
     mode = reduce
     if mode == "auto":
         if rows.shape[0] <= DIRECT_MAX_ROWS:
             mode = "none"
-        elif r <= HULL_MAX_DIM:
+        elif r <= HULL_MAX_DIM and rows.shape[0] <= HULL_MAX_ROWS:
             mode = "hull"
         else:
             mode = "active-set"
-    if mode == "none":
-        candidates = rows
-        working = rows
-    else:
-        candidates = rows
-        if mode == "hull" and r >= 2:
-            hull = hull_candidates(U, rows)
-            if hull is not None and _spans(U, hull):
-                candidates = hull
-            else:
-                mode = "active-set"
-        if candidates.shape[0] <= DIRECT_CANDIDATES:
-            working = candidates
+    candidates = rows
+    if mode == "hull":
+        hull = hull_candidates(U, rows) if r <= HULL_HARD_MAX_DIM else None
+        if hull is not None and _spans(U, hull):
+            candidates = hull
         else:
-            working = initial_working_set(U, candidates, canon.sq_norms)
-            if not _spans(U, working):
-                working = candidates
+            mode = "active-set"
+    if mode == "none" or (mode == "hull" and candidates.shape[0] <= DIRECT_CANDIDATES):
+        working = candidates
+    else:
+        working = initial_working_set(U, candidates, frame.sq_norms)
+        if working.shape[0] >= candidates.shape[0] or not _spans(U, working):
+            working = candidates
+            if mode == "active-set":
+                mode = "none"
     in_working = np.zeros(n, dtype=bool)
     in_working[working] = True
     w_prev = None
@@ -169,7 +176,9 @@ def solve_reduced(
         w0 = None
         if w_prev is not None and w_prev.shape[0] < working.shape[0]:
             w0 = np.concatenate([w_prev, np.full(working.shape[0] - w_prev.shape[0], 0.0)])
-        sol = backend.solve(U[working], tol=tol, max_iters=max_iters, time_limit=remaining, w0=w0)
+        sol = backend.solve(
+            U[working], frame.c, tol=tol, max_iters=max_iters, time_limit=remaining, w0=w0
+        )
         try:
             scores = row_scores(U, sol.H)
         except np.linalg.LinAlgError:
@@ -193,8 +202,4 @@ def solve_reduced(
         working = np.concatenate([working, out_idx])
         in_working[out_idx] = True
         w_prev = sol.w
-        if mode == "hull" and candidates.shape[0] < rows.shape[0]:
-            # A hull vertex set that misses a violated row means Qhull dropped a near-coplanar
-            # point: the loop repairs it, and the reduction is reported as what it became.
-            pass
     return sol, scores, working, mode, rounds

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,15 +86,17 @@ class CvxpyBackend:
     def solve(
         self,
         U: np.ndarray,
+        c: np.ndarray | None = None,
         *,
         tol: float = 1e-7,
         max_iters: int | None = None,
         time_limit: float | None = None,
         w0: np.ndarray | None = None,
     ) -> BackendSolution:
-        """Solve the canonical problem on the rows of ``U`` (shape (m, r)).
+        """Solve ``min tr(diag(c) H) s.t. H >= u u^T`` on the rows of ``U`` (shape (m, r)).
 
-        ``w0`` is accepted for interface compatibility with the native solver and ignored.
+        ``c`` defaults to ones (objective ``tr(H)``). ``w0`` is accepted for interface
+        compatibility with the native solver and ignored.
 
         Raises
         ------
@@ -106,11 +109,15 @@ class CvxpyBackend:
         m, r = U.shape
         H = cp.Variable((r, r), symmetric=True)
         constraints = [H - np.outer(u, u) >> 0 for u in U]
-        prob = cp.Problem(cp.Minimize(cp.trace(H)), constraints)
+        objective = cp.trace(H) if c is None else cp.sum(cp.multiply(c, cp.diag(H)))
+        prob = cp.Problem(cp.Minimize(objective), constraints)
         opts = self.options(tol, max_iters, time_limit)
         start = time.perf_counter()
         try:
-            prob.solve(solver=self.cvxpy_name, **opts)
+            with warnings.catch_warnings():
+                # cvxpy warns on inaccurate statuses; they are rejected below with a reason.
+                warnings.simplefilter("ignore", UserWarning)
+                prob.solve(solver=self.cvxpy_name, **opts)
         except cp.error.SolverError as exc:
             raise SolverFailed(self.name, "solver error", _first_line(exc)) from None
         except Exception as exc:  # noqa: BLE001 - e.g. mosek.Error at solve time
@@ -124,7 +131,7 @@ class CvxpyBackend:
         if H.value is None or not np.all(np.isfinite(H.value)):
             raise SolverFailed(self.name, "no solution", "the backend returned no finite matrix")
         Hv = _psd_part(np.asarray(H.value, dtype=float), self.name)
-        lower = _dual_bound(U, [c.dual_value for c in constraints])
+        lower = _dual_bound(U, c, [con.dual_value for con in constraints])
         stats = prob.solver_stats
         solve_time = stats.solve_time if stats and stats.solve_time is not None else elapsed
         iters = stats.num_iters if stats else None
@@ -147,8 +154,13 @@ def _psd_part(H: np.ndarray, name: str) -> np.ndarray:
     return (Q * lam) @ Q.T
 
 
-def _dual_bound(U: np.ndarray, duals) -> float:
-    """Certified lower bound from the constraint duals (``nan`` when they are unavailable)."""
+def _dual_bound(U: np.ndarray, c: np.ndarray | None, duals) -> float:
+    """Certified lower bound from the constraint duals (``nan`` when they are unavailable).
+
+    The dual of ``min tr(C H) s.t. H >= u_n u_n^T`` is ``max sum_n u_n^T Z_n u_n`` over
+    ``Z_n >= 0`` with ``sum_n Z_n <= C``; ``Z_n / lambda_max(C^{-1/2} sum_n Z_n C^{-1/2})`` is
+    feasible for it.
+    """
     if any(Z is None for Z in duals):
         return float("nan")
     r = U.shape[1]
@@ -161,6 +173,9 @@ def _dual_bound(U: np.ndarray, duals) -> float:
         Z = (Q * np.maximum(lam, 0.0)) @ Q.T  # project to the PSD cone: still dual-feasible
         total += Z
         value += float(u @ Z @ u)
+    if c is not None:
+        inv_sqrt = 1.0 / np.sqrt(c)
+        total = total * np.outer(inv_sqrt, inv_sqrt)
     top = float(np.linalg.eigvalsh(total)[-1])
     if not top > 0 or not np.isfinite(value):
         return float("nan")

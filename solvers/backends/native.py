@@ -43,13 +43,19 @@ class NativeBackend:
     def solve(
         self,
         U: np.ndarray,
+        c: np.ndarray | None = None,
         *,
         tol: float = 1e-7,
         max_iters: int | None = None,
         time_limit: float | None = None,
         w0: np.ndarray | None = None,
     ) -> BackendSolution:
-        """Solve on the rows of ``U``; ``w0`` warm-starts the multipliers (zeros allowed)."""
+        """Solve on the rows of ``U``; ``w0`` warm-starts the multipliers (zeros allowed).
+
+        The native solver works in the whitened frame only: ``c`` must be ``None``.
+        """
+        if c is not None:
+            raise ValueError("the native solver needs the whitened frame (objective tr(H))")
         if U.shape[0] > MAX_WORKING_ROWS:
             raise SolverFailed(
                 self.name,
