@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import time
 
 import numpy as np
@@ -54,9 +55,12 @@ def mean_noise_sdp(
     linear matrix inequality ``[[1, v^T], [v, G]] >= 0``. The problem is homogeneous: for the
     bound ``c`` instead of one, the solution is ``G / c``.
 
-    The problem is whitened (``A = L L^T``, ``u = L^T v``), restricted to the span of the rows,
-    reduced exactly (only the vertices of the hull of ``{+v, -v}`` matter) and solved by the
-    chosen backend. The result is then checked against every row of ``V``; a matrix that
+    The problem is whitened (``A = L L^T``, ``u = L^T v``), rotated to the principal axes of
+    the rows and restricted to their span, reduced exactly (only the vertices of the hull of
+    ``{+v, -v}`` matter) and solved by the chosen backend: the native solver in the whitened
+    coordinates (objective ``tr(H)``), the cvxpy backends after a further diagonal scaling that
+    makes the expected solution well conditioned (see :func:`solvers.canonical.balanced_frame`).
+    The result is then checked against every row of ``V``; a matrix that
     violates a constraint by at most ``1e-6`` (relative) is scaled by ``1 + violation`` to be
     exactly feasible, a worse one raises :class:`SolverFailed`.
 
@@ -114,7 +118,8 @@ def mean_noise_sdp(
         isinstance(time_limit, int | float) and time_limit > 0 and not math.isnan(time_limit)
     ):
         raise ValueError("time_limit must be a positive number of seconds or None")
-    if max_iters is not None and not (isinstance(max_iters, int) and max_iters > 0):
+    integral = isinstance(max_iters, numbers.Integral) and not isinstance(max_iters, bool)
+    if max_iters is not None and not (integral and max_iters > 0):
         raise ValueError("max_iters must be a positive integer or None")
     A, V = validate_inputs(A, V)
     if solver == "auto":

@@ -56,7 +56,7 @@ class NativeBackend:
         """
         if c is not None:
             raise ValueError("the native solver needs the whitened frame (objective tr(H))")
-        if U.shape[0] > MAX_WORKING_ROWS:
+        if U.shape[0] > MAX_WORKING_ROWS and U.shape[1] > 1:  # r = 1 is closed form
             raise SolverFailed(
                 self.name,
                 "problem too large",
