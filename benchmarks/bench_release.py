@@ -25,20 +25,13 @@ import time
 import numpy as np
 
 
-def paper_synthetic(N=1000, K=5, d=3, seed=42):
-    """Dirichlet(1) weights, means U[-10, 10]^d, covariances Wishart(d + 1, I)."""
-    from scipy.stats import wishart
+def paper_synthetic(seed=42):
+    """The paper's synthetic setting (N = 1000, K = 5, d = 3), as the experiments draw it."""
+    from klrelease.experiments.settings import SyntheticSetting
+    from klrelease.experiments.synthetic import draw_synthetic
 
-    rng = np.random.default_rng(seed)
-    w = rng.dirichlet(np.ones(K))
-    means = rng.uniform(-10, 10, size=(K, d))
-    covs = [np.atleast_2d(wishart(df=d + 1, scale=np.eye(d)).rvs(random_state=rng))
-            for _ in range(K)]
-    y = rng.choice(K, size=N, p=w)
-    y[: K * (d + 2)] = np.repeat(np.arange(K), d + 2)  # every class can be fitted
-    L = np.linalg.cholesky(np.stack(covs))
-    X = means[y] + np.einsum("nij,nj->ni", L[y], rng.standard_normal((N, d)))
-    return X, y
+    data = draw_synthetic(SyntheticSetting(), np.random.default_rng(seed))
+    return data.X, data.y
 
 
 def timed_release(X, y, repeats, **options):

@@ -120,7 +120,7 @@ def main() -> None:
             f"{abs(fast.objective / naive.objective - 1):.1e}",
             f"{fast.max_violation:.1e}",
         )
-    console = Console()
+    console = Console(width=160)
     console.print(table)
     console.print(
         f"all {len(problems)} classes: auto {1e3 * fast_total:.1f} ms, naive {naive_total:.1f} s "
