@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from scipy.linalg import eigh
 
 from .canonical import Frame
 from .problem import CHUNK_ROWS, SolverFailed
@@ -35,6 +36,9 @@ DIRECT_CANDIDATES = 64
 #: ``reduce="hull"`` falls back to the active set above this dimension: Qhull's output (and
 #: time) grows exponentially with it.
 HULL_HARD_MAX_DIM = 5
+#: Above four times this many candidate rows, the active set is first run on a strided subset
+#: of this size.
+SUBSAMPLE_ROWS = 50_000
 #: Limit on the number of active-set rounds.
 MAX_ROUNDS = 60
 
@@ -131,9 +135,9 @@ def solve_reduced(
 
     Returns
     -------
-    solution, scores, working, reduction, rounds
-        The last backend solution, ``u^T H^{-1} u`` for every row, the working indices, the
-        reduction actually used and the number of backend solves.
+    solution, working, reduction, rounds
+        The last backend solution, the working indices, the reduction actually used and the
+        number of backend solves. The caller checks the solution against every row.
     """
     U = frame.U
     n, r = U.shape
@@ -153,19 +157,39 @@ def solve_reduced(
             candidates = hull
         else:
             mode = "active-set"
+    subsample = mode == "active-set" and candidates.shape[0] > 4 * SUBSAMPLE_ROWS
     if mode == "none" or (mode == "hull" and candidates.shape[0] <= DIRECT_CANDIDATES):
         working = candidates
+    elif subsample:
+        working = np.zeros(0, dtype=np.intp)  # from the subset's solution below
     else:
         working = initial_working_set(U, candidates, frame.sq_norms)
         if working.shape[0] >= candidates.shape[0] or not _spans(U, working):
             working = candidates
             if mode == "active-set":
                 mode = "none"
+    rounds = 0
+    if subsample:
+        # Warm start: the same loop on an evenly strided subset of the rows. Its working set
+        # already holds most of the active rows, so the loop over all rows (whose passes cost
+        # O(n r^2) each) needs only a few rounds more.
+        sub = candidates[:: candidates.shape[0] // SUBSAMPLE_ROWS]
+        sub_frame = Frame(U[sub], frame.c, frame.d, frame.sq_norms[sub])
+        _, sub_working, _, rounds = solve_reduced(
+            sub_frame,
+            backend,
+            reduce="active-set",
+            tol=tol,
+            add_tol=add_tol,
+            deadline=deadline,
+            max_iters=max_iters,
+        )
+        working = np.unique(np.concatenate([working, sub[sub_working]]))
     in_working = np.zeros(n, dtype=bool)
     in_working[working] = True
     w_prev = None
-    rounds = 0
-    k_add = max(2 * r, 8)
+    k_add = max(4 * r, 8)
+    ref_H = ref_scores = None  # scores of every row for the matrix ref_H (screening)
     while True:
         rounds += 1
         remaining = None
@@ -179,27 +203,53 @@ def solve_reduced(
         sol = backend.solve(
             U[working], frame.c, tol=tol, max_iters=max_iters, time_limit=remaining, w0=w0
         )
+        if mode == "none":
+            break
         try:
-            scores = row_scores(U, sol.H)
+            cand, cand_scores, ref_H, ref_scores = _violation_candidates(
+                U, sol.H, ref_H, ref_scores, 1.0 + add_tol
+            )
         except np.linalg.LinAlgError:
             raise SolverFailed(
                 backend.name, "singular solution", "the solution is singular on the span of V"
             ) from None
-        if mode == "none":
-            break
-        outside = scores > 1.0 + add_tol
-        outside &= ~in_working
-        n_out = int(outside.sum())
-        if n_out == 0:
+        outside = (cand_scores > 1.0 + add_tol) & ~in_working[cand]
+        out_idx = cand[outside]
+        if out_idx.shape[0] == 0:
             break
         if rounds >= MAX_ROUNDS:
             raise SolverFailed(
                 backend.name, "active set not converged", f"still violated after {rounds} rounds"
             )
-        out_idx = np.flatnonzero(outside)
-        if n_out > k_add:
-            out_idx = out_idx[np.argpartition(-scores[out_idx], k_add - 1)[:k_add]]
+        if out_idx.shape[0] > k_add:
+            top = np.argpartition(-cand_scores[outside], k_add - 1)[:k_add]
+            out_idx = out_idx[top]
         working = np.concatenate([working, out_idx])
         in_working[out_idx] = True
         w_prev = sol.w
-    return sol, scores, working, mode, rounds
+    return sol, working, mode, rounds
+
+
+def _violation_candidates(U, H, ref_H, ref_scores, threshold):
+    """Rows that may violate ``u^T H^{-1} u <= threshold``, with their exact scores.
+
+    Screening is exact: for any positive definite ``H_ref``,
+    ``u^T H^{-1} u <= kappa u^T H_ref^{-1} u`` with
+    ``kappa = lambda_max(H_ref^{1/2} H^{-1} H_ref^{1/2})`` (the largest generalised eigenvalue
+    of ``(H_ref, H)``), so a row whose score for ``H_ref`` is at most ``threshold / kappa``
+    cannot violate. Only the remaining rows are scored again; when they are more than a
+    quarter of all rows, every row is scored and ``H`` becomes the new reference.
+
+    Returns
+    -------
+    cand, cand_scores, ref_H, ref_scores
+        Candidate indices, their scores for ``H``, and the (possibly new) reference.
+    """
+    if ref_H is not None:
+        kappa = float(eigh(ref_H, H, eigvals_only=True)[-1])
+        cand = np.flatnonzero(ref_scores > threshold / kappa)
+        if cand.shape[0] <= U.shape[0] // 4:
+            return cand, row_scores(U[cand], H), ref_H, ref_scores
+    scores = row_scores(U, H)
+    cand = np.flatnonzero(scores > threshold)
+    return cand, scores[cand], H, scores

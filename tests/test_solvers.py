@@ -155,7 +155,9 @@ def check_result(res: SDPResult, A, V):
     assert res.status == "optimal"
     assert res.objective == pytest.approx(float(np.sum(A * G)), rel=1e-9, abs=1e-300)
     assert res.max_violation <= 1e-6
-    assert res.max_violation == pytest.approx(max_violation(G, V), abs=1e-12)
+    # Recomputing the check reproduces the reported value up to its own rounding (which grows
+    # with the condition number of G).
+    assert res.max_violation == pytest.approx(max_violation(G, V), abs=1e-9)
     assert res.time > 0
     assert res.reduction in ("none", "hull", "active-set")
     assert not G.flags.writeable
