@@ -143,10 +143,10 @@ def dual_ipm(
     # Scale-aware start: the best multiple of the uniform vector.
     ones = np.ones(m)
     if w0 is None:
-        lam = np.linalg.eigvalsh(U.T @ U)
-        if lam[0] <= 1e-15 * lam[-1]:
+        sv = np.linalg.svd(U, compute_uv=False)
+        if sv.shape[0] < r or not sv[-1] > 1e-13 * sv[0]:
             raise SolverFailed(NAME, "singular working set", "working rows do not span R^r")
-        T1 = float(np.sqrt(lam).sum())
+        T1 = float(sv.sum())  # tr (U^T U)^{1/2}
         w = ones * (T1 / m) ** 2
     else:
         w = np.asarray(w0, dtype=float).copy()

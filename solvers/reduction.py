@@ -100,11 +100,12 @@ def initial_working_set(U: np.ndarray, rows: np.ndarray, sq_norms: np.ndarray) -
 
 
 def _spans(U: np.ndarray, idx: np.ndarray) -> bool:
+    """Do the rows ``U[idx]`` span ``R^r`` (singular values, not the squared Gram spectrum)?"""
     P = U[idx]
     if P.shape[0] < U.shape[1]:
         return False
-    lam = np.linalg.eigvalsh(P.T @ P)
-    return bool(lam[0] > 1e-12 * lam[-1])
+    sv = np.linalg.svd(P, compute_uv=False)
+    return bool(sv[-1] > 1e-13 * sv[0])
 
 
 def solve_reduced(
