@@ -123,7 +123,9 @@ def mean_noise_sdp(
         raise ValueError("max_iters must be a positive integer or None")
     A, V = validate_inputs(A, V)
     if solver == "auto":
-        order = [name for name in BACKENDS if BACKENDS[name].is_available()]
+        # Availability is checked lazily, in order: when the native solver succeeds, neither
+        # cvxpy nor MOSEK is imported and no licence probe runs.
+        order = list(BACKENDS)
     else:
         BACKENDS[solver].require()
         order = [solver]
@@ -148,6 +150,8 @@ def mean_noise_sdp(
             )
         fallbacks: list[str] = []
         for name in order:
+            if solver == "auto" and not BACKENDS[name].is_available():
+                continue
             try:
                 result = _solve_with(canon, A, V, BACKENDS[name], reduce, tol, deadline, max_iters)
             except SolverFailed as exc:

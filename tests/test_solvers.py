@@ -413,8 +413,13 @@ def test_real_mosek_probe_without_licence(monkeypatch):
     try:
         if mosek_backend.probe()[0]:
             pytest.skip("a MOSEK licence is available here")
-        with pytest.raises(SolverUnavailable, match="MOSEKLM_LICENSE_FILE"):
+        with pytest.raises(SolverUnavailable, match="MOSEKLM_LICENSE_FILE") as info:
             mean_noise_sdp(np.eye(2), np.ones((3, 2)), solver="mosek")
+        assert "klrelease[mosek]" in str(info.value)
+        # "auto" never picks the unusable MOSEK, although cvxpy itself would prefer it.
+        assert "mosek" not in available_solvers()
+        res = mean_noise_sdp(np.eye(2), np.ones((3, 2)))
+        assert res.solver == "native" and res.fallbacks == ()
     finally:
         mosek_backend.probe.cache_clear()
 
