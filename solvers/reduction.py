@@ -91,12 +91,27 @@ def initial_working_set(U: np.ndarray, rows: np.ndarray, sq_norms: np.ndarray) -
     H0 = (Q * np.sqrt(lam)) @ Q.T
     scores = row_scores(P, H0)
     k = min(P.shape[0], 2 * r + 4)
-    top = np.argpartition(-scores, k - 1)[:k]
+    top = _distinct(P, np.argpartition(-scores, k - 1)[:k])
     picked = np.unique(np.append(top, np.argmax(sq_norms[rows])))
     if not _spans(P, picked):
         extremes = np.argmax(np.abs(P @ Q), axis=0)
         picked = np.unique(np.concatenate([picked, extremes]))
+    if not _spans(P, picked):
+        # E.g. many duplicated rows: r linearly independent rows by QR with column pivoting
+        # (the rows of P span R^r, as the canonical frame is restricted to their span).
+        from scipy.linalg import qr
+
+        pivots = qr(P.T, mode="r", pivoting=True)[1]
+        picked = np.unique(np.concatenate([picked, pivots[:r]]))
     return rows[picked]
+
+
+def _distinct(U: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``idx`` without rows that repeat an earlier one exactly (duplicates add nothing)."""
+    if idx.shape[0] < 2:
+        return idx
+    first = np.unique(U[idx], axis=0, return_index=True)[1]
+    return idx[np.sort(first)]
 
 
 def _spans(U: np.ndarray, idx: np.ndarray) -> bool:
@@ -225,6 +240,7 @@ def solve_reduced(
         if out_idx.shape[0] > k_add:
             top = np.argpartition(-cand_scores[outside], k_add - 1)[:k_add]
             out_idx = out_idx[top]
+        out_idx = _distinct(U, out_idx)
         working = np.concatenate([working, out_idx])
         in_working[out_idx] = True
         w_prev = sol.w

@@ -525,3 +525,49 @@ def test_public_names():
     assert issubclass(SolverUnavailable, RuntimeError)
     assert issubclass(SolverFailed, RuntimeError)
     assert available_solvers()[0] == "native"
+
+
+# --------------------------------------------------------------------------- hard inputs
+
+
+def test_many_duplicated_rows_keep_the_working_set_small():
+    """1e5 rows drawn from 30 distinct points in d = 20: the active set holds distinct rows
+    only (the initial set spans R^20 by pivoted QR) and the optimum is that of the 30 points."""
+    rng = np.random.default_rng(11)
+    points = rng.normal(size=(30, 20))
+    V = points[rng.integers(0, 30, 100_000)]
+    res = mean_noise_sdp(np.eye(20), V, solver="native")
+    check_result(res, np.eye(20), V)
+    assert res.reduction == "active-set" and res.n_constraints <= 30
+    direct = mean_noise_sdp(np.eye(20), points, solver="native", reduce="none")
+    assert res.objective == pytest.approx(direct.objective, rel=REL)
+
+
+def test_native_accepts_a_certified_gap_within_the_tolerance_on_extreme_conditioning():
+    """cond(A) = 1e16 in d = 20: the dual iteration stalls between half the tolerance (its
+    target) and the tolerance; the certified point is returned with its gap."""
+    rng = np.random.default_rng(5)
+    V = rng.normal(size=(22, 20))
+    A = np.diag(np.logspace(-8, 8, 20))
+    res = mean_noise_sdp(A, V, solver="native")
+    check_result(res, A, V)
+    assert res.gap <= 1e-7
+
+
+def test_auto_falls_back_when_the_native_solver_stalls():
+    """A badly conditioned cost (cond 1e10, d = 3) on which the native solver cannot certify
+    its gap: "auto" records that failure and returns Clarabel's optimum."""
+    rng = np.random.default_rng(0)
+    Q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    A = (Q * np.logspace(0, 10, 3)) @ Q.T
+    V = rng.normal(size=(100, 3))
+    with pytest.raises(SolverFailed, match="not converged"):
+        mean_noise_sdp(A, V, solver="native")
+    res = mean_noise_sdp(A, V)
+    check_result(res, A, V)
+    assert res.solver != "native" and "native" in res.fallbacks[0]
+    # The cvxpy reference stalls here too; SCS certifies its own answer through its duals.
+    _require("scs")
+    other = mean_noise_sdp(A, V, solver="scs")
+    assert other.gap < 1e-8
+    assert res.objective == pytest.approx(other.objective, rel=REL)
