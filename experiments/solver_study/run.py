@@ -279,11 +279,13 @@ def write_markdown(rows, path, command, limit, seconds):
 
 
 def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     out = []
     for mod in ("cvxpy", "clarabel", "scs", "mosek"):
         try:
-            out.append(f"{mod} {__import__(mod).__version__}")
-        except Exception:  # noqa: BLE001
+            out.append(f"{mod} {version(mod)}")
+        except PackageNotFoundError:
             out.append(f"{mod} absent")
     return ", ".join(out)
 
