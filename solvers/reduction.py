@@ -174,18 +174,10 @@ def solve_reduced(
         else:
             mode = "active-set"
     subsample = mode == "active-set" and candidates.shape[0] > 4 * SUBSAMPLE_ROWS
+    rounds = 0
     if mode == "none" or (mode == "hull" and candidates.shape[0] <= DIRECT_CANDIDATES):
         working = candidates
     elif subsample:
-        working = np.zeros(0, dtype=np.intp)  # from the subset's solution below
-    else:
-        working = initial_working_set(U, candidates, frame.sq_norms)
-        if working.shape[0] >= candidates.shape[0] or not _spans(U, working):
-            working = candidates
-            if mode == "active-set":
-                mode = "none"
-    rounds = 0
-    if subsample:
         # Warm start: the same loop on an evenly strided subset of the rows. Its working set
         # already holds most of the active rows, so the loop over all rows (whose passes cost
         # O(n r^2) each) needs only a few rounds more.
@@ -200,7 +192,13 @@ def solve_reduced(
             deadline=deadline,
             max_iters=max_iters,
         )
-        working = np.unique(np.concatenate([working, sub[sub_working]]))
+        working = sub[sub_working]
+    else:
+        working = initial_working_set(U, candidates, frame.sq_norms)
+        if working.shape[0] >= candidates.shape[0] or not _spans(U, working):
+            working = candidates
+            if mode == "active-set":
+                mode = "none"
     in_working = np.zeros(n, dtype=bool)
     in_working[working] = True
     w_prev = None
