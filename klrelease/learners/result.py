@@ -1,0 +1,156 @@
+"""The common contract of the unlabelled-data learners: registry, entry point and result."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..gmm import GMM
+from ..mechanisms.base import Guarantee
+from ..rng import make_rng
+
+__all__ = ["LearnResult", "Learner", "get_learner", "learn", "learners", "register_learner"]
+
+
+@dataclass(frozen=True)
+class LearnResult:
+    """What a private learner releases: a GMM, or FAIL with its reason.
+
+    Attributes
+    ----------
+    learner : str
+        Registry name of the learner.
+    gmm : GMM or None
+        The released mixture (components labelled ``0..k-1``); ``None`` when the run failed.
+    guarantee : Guarantee
+        The privacy claim; it covers the FAIL outcome too.
+    failed : bool
+    stage : str or None
+        The stage that returned FAIL (e.g. ``"popularity test"``).
+    reason : str
+        One sentence saying why, with public numbers only (thresholds, noisy counts that the
+        mechanism releases anyway, N, d, k, epsilon): never a statistic of the data.
+    diagnostics : dict
+        Public numbers of the run (budget ledger, released noisy values, sizes).
+    secure : bool
+        True when the noise came from the CSPRNG (unseeded run); seeded runs are experiments.
+    """
+
+    learner: str
+    gmm: GMM | None
+    guarantee: Guarantee
+    failed: bool = False
+    stage: str | None = None
+    reason: str = ""
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    secure: bool = True
+
+    def __post_init__(self):
+        if self.failed == (self.gmm is not None):
+            raise ValueError("a LearnResult holds a GMM exactly when it did not fail")
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def to_dict(self) -> dict[str, Any]:
+        g = self.guarantee
+        out: dict[str, Any] = {
+            "learner": self.learner,
+            "status": "FAIL" if self.failed else "ok",
+            "stage": self.stage,
+            "reason": self.reason,
+            "privacy": {
+                "epsilon": g.epsilon, "delta": g.delta, "neighbouring": g.neighbouring,
+                "certified": g.certified and self.secure, "statement": g.statement,
+                "reasons": list(g.reasons), "accounting": g.accounting,
+            },
+            "diagnostics": _jsonable(self.diagnostics),
+            "randomness": {"secure": self.secure},
+        }
+        if self.gmm is not None:
+            out["gmm"] = {
+                "weights": self.gmm.weights.tolist(),
+                "means": self.gmm.means.tolist(),
+                "covariances": self.gmm.covariances.tolist(),
+            }
+        return out
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+#: A learner: ``fn(X, n_components, *, epsilon, delta, rng, **options) -> LearnResult``.
+Learner = Callable[..., LearnResult]
+
+_LEARNERS: dict[str, Learner] = {}
+
+
+def register_learner(name: str, fn: Learner) -> Learner:
+    """Add a learner under ``name`` (which must be new)."""
+    if name in _LEARNERS:
+        raise ValueError(f"a learner named {name!r} is already registered")
+    _LEARNERS[name] = fn
+    return fn
+
+
+def learners() -> list[str]:
+    """Names of the registered learners."""
+    return list(_LEARNERS)
+
+
+def get_learner(name: str) -> Learner:
+    try:
+        return _LEARNERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown learner {name!r}; registered: {', '.join(_LEARNERS) or 'none'}"
+        ) from None
+
+
+def learn(X, n_components: int, *, epsilon: float, delta: float, learner: str,
+          seed: int | None = None, **options) -> LearnResult:
+    """Run a registered private learner on unlabelled rows ``X``.
+
+    Inputs are validated here from public facts only (shape, finiteness, epsilon, delta);
+    everything data-dependent happens inside the learner and ends in a result, FAIL included.
+    Without ``seed`` the noise comes from the CSPRNG; a seeded run is an experiment and its
+    result is not certified.
+    """
+    from ..data import check_privacy_parameters
+
+    eps, dlt = check_privacy_parameters(epsilon, delta)
+    fn = get_learner(learner)
+    try:
+        X = np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError("X must be a numeric array of shape (n_samples, n_features)") from None
+    if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] == 0:
+        raise ValueError("X must be a non-empty two-dimensional array (n_samples, n_features)")
+    if not np.all(np.isfinite(X)):
+        raise ValueError("X contains NaN or infinite values")
+    if int(n_components) != n_components or n_components < 1:
+        raise ValueError(f"n_components must be a positive integer, got {n_components!r}")
+    src = make_rng(seed)
+    res = fn(X, int(n_components), epsilon=eps, delta=dlt, rng=src.generator, **options)
+    if not src.secure:
+        from dataclasses import replace
+
+        res = replace(res, secure=False)
+    return res
