@@ -85,21 +85,36 @@ def mechanism_inputs(option, lower, upper) -> tuple[dict, tuple | None]:
     return opts, bounds
 
 
-def _load_input(dataset, csv_path, label_column, npz_path):
+def _parse_classes(text: str | None):
+    """``--classes a,b,c``: the public set of classes (integers stay integers)."""
+    if text is None:
+        return None
+    items = [c.strip() for c in text.split(",") if c.strip()]
+    if not items:
+        _fail("--classes must list at least one class label")
+    try:
+        return [int(c) for c in items]
+    except ValueError:
+        return items
+
+
+def _load_input(dataset, csv_path, label_column, npz_path, classes=None):
     from .data import as_labelled_data, load_csv, load_dataset, load_npz
 
     given = [x is not None for x in (dataset, csv_path, npz_path)]
     if sum(given) != 1:
         _fail("give exactly one input: --dataset NAME, --csv FILE or --npz FILE")
     if dataset is not None:
+        if classes is not None:
+            _fail("--classes goes with --csv or --npz; a bundled dataset declares its classes")
         return load_dataset(dataset)
     if csv_path is not None:
         if label_column is None:
             _fail("--csv needs --label-column NAME")
         X, y, names = load_csv(csv_path, label_column)
-        return as_labelled_data(X, y, feature_names=names)
+        return as_labelled_data(X, y, feature_names=names, classes=classes, min_class_size=0)
     X, y = load_npz(npz_path)
-    return as_labelled_data(X, y)
+    return as_labelled_data(X, y, classes=classes, min_class_size=0)
 
 
 @app.command()
@@ -123,6 +138,10 @@ def release(
     option: Annotated[
         list[str] | None, typer.Option(help="mechanism option KEY=VALUE (repeatable)")
     ] = None,
+    classes: Annotated[
+        str | None, typer.Option(help="the public set of classes, comma list (certified "
+                                      "releases need it; bundled datasets declare theirs)")
+    ] = None,
 ):
     """Release a differentially private GMM of a labelled dataset."""
     from . import release as do_release
@@ -132,7 +151,7 @@ def release(
     eps, dlt = check_privacy_parameters(epsilon, delta)
     mech = get_mechanism(mechanism)
     opts, bounds = mechanism_inputs(option, lower, upper)
-    data = _load_input(dataset, csv, label_column, npz)
+    data = _load_input(dataset, csv, label_column, npz, _parse_classes(classes))
     with err_console.status(f"designing {mech.name} ..."):
         rel = do_release(data, None, epsilon=eps, delta=dlt, mechanism=mech.name, seed=seed,
                          bounds=bounds, norm_bound=norm_bound, **opts)

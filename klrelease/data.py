@@ -43,6 +43,9 @@ class LabelledData:
     norm_bound : float or None
         A public bound ``||x||_2 <= B``, if any.
     feature_names : tuple of str
+    classes_declared : bool
+        True when the caller declared the set of classes; False when it was read from the
+        labels (then which classes occur is itself a statistic of the private labels).
     """
 
     X: np.ndarray
@@ -51,6 +54,7 @@ class LabelledData:
     bounds: tuple[np.ndarray, np.ndarray] | None = None
     norm_bound: float | None = None
     feature_names: tuple[str, ...] = field(default=())
+    classes_declared: bool = False
 
     @property
     def n_samples(self) -> int:
@@ -68,14 +72,14 @@ class LabelledData:
         """The same features with other class indices (a neighbouring dataset, for audits)."""
         return LabelledData(
             self.X, np.asarray(codes, dtype=np.int64), self.classes, self.bounds,
-            self.norm_bound, self.feature_names,
+            self.norm_bound, self.feature_names, self.classes_declared,
         )
 
     def with_features(self, X: np.ndarray) -> LabelledData:
         """Other features with the same labels (clipped data, or a neighbouring record)."""
         return LabelledData(
             np.asarray(X, dtype=np.float64), self.codes, self.classes, self.bounds,
-            self.norm_bound, self.feature_names,
+            self.norm_bound, self.feature_names, self.classes_declared,
         )
 
 
@@ -186,6 +190,9 @@ def as_labelled_data(
         that is too small.
     """
     if isinstance(X, LabelledData):
+        _check_class_sizes(X.codes, X.n_classes, X.n_features,
+                           max(2, X.n_features + 1) if min_class_size is None
+                           else int(min_class_size))
         if bounds is None and norm_bound is None:
             return X
         from dataclasses import replace
@@ -215,13 +222,8 @@ def as_labelled_data(
     K = len(classes_t)
     if K < 2:
         raise ValueError("at least two classes are needed to release a mixture")
-    need = max(2, d + 1) if min_class_size is None else int(min_class_size)
-    counts = np.bincount(codes, minlength=K)
-    if np.any(counts < need):
-        raise ValueError(
-            f"every class needs at least {need} rows (more than the {d} features, so that its "
-            "covariance is invertible); at least one class is smaller"
-        )
+    _check_class_sizes(codes, K, d, max(2, d + 1) if min_class_size is None
+                       else int(min_class_size))
     if norm_bound is not None:
         norm_bound = float(norm_bound)
         if not np.isfinite(norm_bound) or norm_bound <= 0:
@@ -231,7 +233,21 @@ def as_labelled_data(
     )
     if len(names) != d:
         raise ValueError("feature_names must have one name per column of X")
-    return LabelledData(X, codes, classes_t, _check_bounds(bounds, d), norm_bound, names)
+    return LabelledData(X, codes, classes_t, _check_bounds(bounds, d), norm_bound, names,
+                        classes is not None)
+
+
+def _check_class_sizes(codes: np.ndarray, K: int, d: int, need: int) -> None:
+    """Refuse a class smaller than ``need`` (only for mechanisms that set such a floor; the
+    refusal depends on private class sizes, so no certified mechanism sets one)."""
+    if need <= 0:
+        return
+    counts = np.bincount(codes, minlength=K)
+    if np.any(counts < need):
+        raise ValueError(
+            f"every class needs at least {need} rows (more than the {d} features, so that its "
+            "covariance is invertible); at least one class is smaller"
+        )
 
 
 # --------------------------------------------------------------------------- loading
@@ -243,6 +259,7 @@ DATASETS = {
         "file": "iris.csv",
         "label_column": "species",
         "bounds": ([4.0, 2.0, 1.0, 0.0], [8.0, 4.5, 7.0, 2.6]),
+        "classes": ("setosa", "versicolor", "virginica"),
     },
 }
 
@@ -315,4 +332,5 @@ def load_dataset(name: str) -> LabelledData:
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(sorted(DATASETS))}")
     meta = DATASETS[name]
     X, y, names = load_csv(_bundled_file(meta["file"]), meta["label_column"])
-    return as_labelled_data(X, y, bounds=meta["bounds"], feature_names=names)
+    return as_labelled_data(X, y, classes=meta.get("classes"), bounds=meta["bounds"],
+                            feature_names=names, min_class_size=0)

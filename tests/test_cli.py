@@ -103,8 +103,15 @@ def bad_files(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("case", sorted(BAD))
-@pytest.mark.parametrize("mechanism", ["kl-paper", None])
+#: Refusals that depend on private class sizes: only mechanisms without a proof make them.
+SIZE_REFUSALS = {"tiny class", "class not above d"}
+
+
+@pytest.mark.parametrize(
+    ("case", "mechanism"),
+    [(c, m) for m in ("kl-paper", None) for c in sorted(BAD)
+     if not (m is None and c in SIZE_REFUSALS)],  # the certified default never refuses
+)
 def test_bad_input_exits_2_with_one_line(case, mechanism, bad_files, monkeypatch, capsys):
     monkeypatch.chdir(bad_files)
     extra = [] if mechanism is None or "--mechanism" in BAD[case] else ["--mechanism", mechanism]
@@ -114,6 +121,16 @@ def test_bad_input_exits_2_with_one_line(case, mechanism, bad_files, monkeypatch
     assert len(err.splitlines()) == 1 and err.startswith("error:"), err
     assert "Traceback" not in err
     assert not (bad_files / "out.json").exists()
+
+
+@pytest.mark.parametrize("case", sorted(SIZE_REFUSALS))
+def test_certified_default_releases_small_classes(case, bad_files, monkeypatch, capsys):
+    """A refusal on a private class size would reveal labels: kl-certified releases."""
+    monkeypatch.chdir(bad_files)
+    code = main(["release", *BAD[case], "--classes", "a,b,c", "--out", "out.json"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "NOT certified" not in err and (bad_files / "out.json").exists()
 
 
 def test_bad_artifact_for_inspect_and_sample(tmp_path, monkeypatch, capsys):

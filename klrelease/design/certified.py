@@ -1,504 +1,510 @@
-"""Design of the certified mechanism ``kl-certified`` from public inputs and released values.
+"""Design of ``kl-certified`` from public inputs and released values only.
 
-Every function here takes a :class:`PublicInputs` (epsilon, delta, the neighbouring relation,
-N, K, d and the public bound) and, where needed, values that the mechanism has *already
-released* with noise (noisy class counts, noisy second-moment sums). None of them receives the
-dataset or an exact statistic of it, so whatever they compute is post-processing of public or
-released values and costs no privacy (the proof is in ``mechanisms/kl_certified.md``).
+Nothing in this module receives the labels, or under replace-one the features: every function
+takes a :class:`PublicInputs` (epsilon, delta, the relation, N, K, d, the public frame and
+public constants) and values the mechanism has *already released* with noise. Whatever it
+computes is post-processing of public or released values and costs no privacy (proof:
+``mechanisms/kl_certified.md``).
 
-* :func:`choose_budget`                the split of (eps, delta) between the three stages,
-  optimised against a public surrogate of the expected KL;
-* :func:`covariance_noise_scales`      per-class noise of the second-moment sums, from the
-  released counts;
-* :func:`mean_noise_precisions`        the KL-minimising mean-noise SDP over the public bound,
-  from the released counts and second moments;
-* :func:`estimate_gmm_parts`           the released GMM from the released sums (projections).
+The release has three stages, each a Gaussian mechanism whose whitened sensitivity is a public
+constant (:class:`Budget`):
+
+A. the class counts and the class sums of the rows in the public frame, clipped to a ball of
+   public radius ``R`` (:func:`centres`: rough class centres and their noise law);
+B. under replace-one only, the pooled scatter of the rows about those released centres
+   (under label flip the total scatter of the features is public and takes its place);
+C. per class, the sums and second moments of the rows in a *class region*: an ellipsoid
+   centred on the released centre and shaped by the released pooled covariance plus the
+   centre's known noise, radius ``r`` (:func:`regions`), with the class's budget split between
+   means and covariances by a KL surrogate (:func:`class_noise`).
+
+:func:`estimate` forms the released GMM: precision-weighted means of stages A and C, each class
+covariance shrunk toward the pooled covariance by the known noise level, eigenvalues adjusted
+for the asymmetry of the KL divergence (an overestimated variance costs linearly, an
+underestimated one logarithmically). All floors are relative to released or public scales, and
+every function here is total: it returns finite values for every finite input, so a release
+never fails after noise has been drawn.
 """
 
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
-from scipy.optimize import minimize_scalar
+from scipy.stats import chi2
 
-from ..privacy.accounting import Budget, calibrate, max_gaussian_sensitivity
-from ..privacy.discrete import DiscreteLaplace
-from ..privacy.projections import project_psd, project_simplex, round_to_grid
-from .mean_noise import SolverReport
+from ..privacy.calibration import gaussian_delta, gaussian_max_sensitivity
+from ..privacy.projections import project_simplex
 
 __all__ = [
-    "PublicBound",
+    "Budget",
+    "Frame",
     "PublicInputs",
-    "MeanNoiseDesign",
-    "choose_budget",
-    "optimise_budget",
-    "covariance_noise_scales",
-    "mean_noise_precisions",
-    "cached_mean_noise_precisions",
-    "estimate_gmm_parts",
-    "surrogate_kl",
-    "upper_triangle",
-    "SURROGATE_SPREAD",
+    "Regions",
+    "ClassNoise",
+    "SETTINGS",
+    "allocate_pairwise",
+    "centres",
+    "pooled_covariance",
+    "regions",
+    "class_noise",
+    "estimate",
+    "eig_apply",
+    "clip_ball",
+    "symmetric_gaussian",
 ]
 
-#: Public surrogate class for the budget split: per feature, the class standard deviation is
-#: the bound's half-width divided by this number, and the class mean is uniform in the bound.
-SURROGATE_SPREAD = 4.0
+#: Public constants of the design (the same for every dataset).
+SETTINGS = {
+    # label flip: share of mu^2 for counts, stage-A sums; replace-one adds the pooled scatter
+    "label-flip": {"counts": 0.09, "sums": 0.21, "scatter": 0.0},
+    "replace-one": {"counts": 0.10, "sums": 0.24, "scatter": 0.06},
+    "radius_quantile": 0.9,  # label flip: stage-A radius = this quantile of the public row norms
+    "box_radius": 0.8,  # replace-one: stage-A radius = this x sqrt(d) in the bound's frame
+    "region_level": 0.95,  # stage-C radius^2 = chi2_d quantile at this level
+    "count_floor": 2.0,  # released counts used as divisors are >= this x their noise sd
+    "prior_divergence": 0.25,  # per dimension: expected ||Sigma_k - pooled||_F^2 / d in frame
+    "eigen_margin": 1.0,  # pooled eigenvalues lowered by this x their noise scale
+    "class_floor": 0.1,  # class eigenvalues >= this x the smallest target eigenvalue
+    "pooled_floor": 1e-3,  # pooled eigenvalues >= this x the largest one
+}
 
-#: Up to this dimension a box bound is used through its vertices; above, through the enclosing
-#: ball (2^(d-1) vertex constraints per class pair would be too many).
-MAX_VERTEX_DIM = 10
+_MEAN_SHARES = np.array([0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 1.0])
+
+
+def eig_apply(C: np.ndarray, fn) -> np.ndarray:
+    """``V fn(w) V^T`` for the symmetric part of ``C`` (batched); ``fn`` maps eigenvalues."""
+    C = 0.5 * (C + np.swapaxes(C, -1, -2))
+    C = np.where(np.isfinite(C), C, 0.0)
+    w, V = np.linalg.eigh(C)
+    return (V * fn(w)[..., None, :]) @ np.swapaxes(V, -1, -2)
+
+
+def clip_ball(U: np.ndarray, radius) -> np.ndarray:
+    """Scale each row of ``U`` into the ball ``||u|| <= radius`` (a per-row map)."""
+    nrm = np.sqrt(np.einsum("ij,ij->i", U, U))[:, None]
+    return U * np.minimum(1.0, radius / np.maximum(nrm, np.finfo(float).tiny))
+
+
+def symmetric_gaussian(rng: np.random.Generator, sigma: np.ndarray, d: int) -> np.ndarray:
+    """Symmetric matrices with density proportional to ``exp(-||E||_F^2 / (2 sigma^2))``.
+
+    Diagonal entries have variance sigma^2, off-diagonal ones sigma^2 / 2: in the coordinates
+    ``(E_ii, sqrt(2) E_ij)`` this is N(0, sigma^2 I), so a change ``D`` of the released matrix
+    has whitened norm ``||D||_F / sigma``.
+    """
+    sigma = np.asarray(sigma, dtype=float)
+    Z = rng.standard_normal(sigma.shape + (d, d)) * sigma[..., None, None]
+    return 0.5 * (Z + np.swapaxes(Z, -1, -2))
+
+
+def symmetric_gaussian_logpdf(E: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """Log-density of :func:`symmetric_gaussian` at ``E`` (batched over leading axes)."""
+    d = E.shape[-1]
+    sigma = np.asarray(sigma, dtype=float)
+    iu = np.triu_indices(d, 1)
+    diag = np.diagonal(E, axis1=-2, axis2=-1)
+    off = E[..., iu[0], iu[1]]
+    quad = np.sum(diag**2, -1) / (2 * sigma**2) + np.sum(off**2, -1) / sigma**2
+    norm = d * 0.5 * np.log(2 * np.pi * sigma**2) + iu[0].size * 0.5 * np.log(np.pi * sigma**2)
+    return -quad - norm
+
+
+# ------------------------------------------------------------------------------ public inputs
 
 
 @dataclass(frozen=True)
-class PublicBound:
-    """The public set rows are clipped to: a box ``|x - centre| <= half_widths`` or a ball
-    ``||x - centre|| <= radius`` (``half_widths`` is None for a ball)."""
+class Frame:
+    """A public affine frame: ``t = (x - centre) @ W``, ``x = centre + t @ W_inv``.
+
+    Under label flip it whitens the (public) features: centre = their mean, ``W`` the inverse
+    symmetric square root of their covariance, so the frame is affine-equivariant. Under
+    replace-one it comes from the public bound: a box maps to ``[-1, 1]^d``, a ball of radius
+    ``B`` to the ball of radius ``sqrt(d)``.
+    """
 
     centre: np.ndarray
-    half_widths: np.ndarray | None = None
-    radius: float | None = None
-    from_data: bool = False  # computed from the features (public only under label flip)
+    W: np.ndarray
+    W_inv: np.ndarray
+
+    def to_frame(self, X: np.ndarray) -> np.ndarray:
+        return (X - self.centre) @ self.W
+
+    def mean_to_raw(self, m: np.ndarray) -> np.ndarray:
+        return self.centre + m @ self.W_inv
+
+    def cov_to_raw(self, C: np.ndarray) -> np.ndarray:
+        return self.W_inv.T @ C @ self.W_inv
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The privacy budget: one Gaussian mechanism of total whitened sensitivity ``mu``.
+
+    Stage ``i`` may move its released values by at most ``s_i`` in whitened norm, whatever was
+    released before; ``mu^2 = s_counts^2 + s_sums^2 + s_scatter^2 + s_classes^2``. The release
+    is then ``mu``-GDP, i.e. (eps, delta(eps))-DP with ``delta`` the Gaussian curve.
+    """
+
+    epsilon: float
+    delta: float
+    mu: float
+    counts: float
+    sums: float
+    scatter: float
+    classes: float
+
+    @classmethod
+    def split(cls, epsilon: float, delta: float, shares: dict) -> Budget:
+        mu = gaussian_max_sensitivity(epsilon, delta)
+        # the calibration is exact to ~1e-12; a relative margin keeps delta(eps) <= delta
+        mu *= 1.0 - 1e-9
+        f = {k: float(shares[k]) for k in ("counts", "sums", "scatter")}
+        rest = 1.0 - sum(f.values())
+        return cls(epsilon, delta, mu, mu * np.sqrt(f["counts"]), mu * np.sqrt(f["sums"]),
+                   mu * np.sqrt(f["scatter"]), mu * np.sqrt(rest))
 
     @property
-    def kind(self) -> str:
-        return "box" if self.half_widths is not None else "ball"
+    def total(self) -> float:
+        """sqrt of the sum of the stage sensitivities squared (equals ``mu``)."""
+        return float(np.sqrt(self.counts**2 + self.sums**2 + self.scatter**2 + self.classes**2))
 
-    @property
-    def outer_radius(self) -> float:
-        """Radius of the smallest centred ball containing the set."""
-        if self.half_widths is not None:
-            return float(np.linalg.norm(self.half_widths))
-        return float(self.radius)
+    def delta_at(self, epsilon: float) -> float:
+        """delta(eps) of this release (the Gaussian curve with shift ``mu``)."""
+        return gaussian_delta(1.0, float(epsilon), self.mu)
 
-    def vertices(self) -> np.ndarray | None:
-        """Extreme points of the centred box up to sign (2^(d-1) rows), or None for a ball
-        (or a box too large to enumerate, which is then handled by its enclosing ball)."""
-        if self.half_widths is None or self.half_widths.shape[0] > MAX_VERTEX_DIM:
-            return None
-        d = self.half_widths.shape[0]
-        signs = np.array(np.meshgrid(*([[1.0, -1.0]] * (d - 1)), indexing="ij"))
-        signs = signs.reshape(d - 1, -1).T if d > 1 else np.empty((1, 0))
-        signs = np.hstack([np.ones((signs.shape[0], 1)), signs])
-        return signs * self.half_widths
+    def pld_delta(self, epsilon: float | None = None) -> float:
+        """delta(eps) from ``dp_accounting``'s PLD accountant (an independent computation)."""
+        from dp_accounting.pld import privacy_loss_distribution as pld
 
-    def second_moment_bound(self) -> float:
-        """Q = sup over the centred set of ||upper_triangle(t t^T)||^2 = (||t||^4 + sum t_i^4)/2.
+        dist = pld.from_gaussian_mechanism(1.0 / self.mu, sensitivity=1.0,
+                                           value_discretization_interval=1e-4)
+        return float(dist.get_delta_for_epsilon(self.epsilon if epsilon is None else epsilon))
 
-        Both terms are convex in t, so over a box the sup is at a vertex; over a ball of radius
-        R it is R^4 (sum t_i^4 <= ||t||^4, equality on an axis).
-        """
-        if self.half_widths is not None:
-            h2 = self.half_widths**2
-            return float((h2.sum() ** 2 + np.sum(h2**2)) / 2.0)
-        return float(self.radius**4)
+    def dp_event(self):
+        """The ``dp_accounting`` event of this release (a Gaussian mechanism)."""
+        import dp_accounting
 
-    def clip(self, X: np.ndarray) -> np.ndarray:
-        """Clip rows into the set (post-processing of each row on its own)."""
-        if self.half_widths is not None:
-            return np.clip(X, self.centre - self.half_widths, self.centre + self.half_widths)
-        T = X - self.centre
-        norms = np.linalg.norm(T, axis=1, keepdims=True)
-        scale = np.minimum(1.0, self.radius / np.maximum(norms, np.finfo(float).tiny))
-        return self.centre + T * scale
+        return dp_accounting.GaussianDpEvent(noise_multiplier=1.0 / self.mu)
 
-    def describe(self) -> dict:
-        out = {"kind": self.kind, "from_data": self.from_data}
-        if self.from_data:
-            return out  # values computed from the features are not repeated in the artifact
-        out["centre"] = self.centre.tolist()
-        if self.half_widths is not None:
-            out["half_widths"] = self.half_widths.tolist()
-        else:
-            out["radius"] = float(self.radius)
-        return out
+    def describe(self) -> str:
+        return (f"one Gaussian mechanism of total whitened sensitivity mu = {self.mu:.6g} "
+                f"(counts {self.counts:.4g}, sums {self.sums:.4g}"
+                + (f", pooled scatter {self.scatter:.4g}" if self.scatter > 0 else "")
+                + f", class stage {self.classes:.4g}); delta({self.epsilon:g}) = "
+                f"{self.delta_at(self.epsilon):.4g} <= {self.delta:g}")
 
 
 @dataclass(frozen=True)
 class PublicInputs:
-    """Everything the design may depend on before any noisy value is released."""
+    """Everything public a release is designed from.
 
-    epsilon: float
-    delta: float
-    adjacency: str  # "label-flip" or "replace-one"
+    ``total_scatter`` and ``total_sums`` are the scatter of the rows and the sum of the
+    stage-A clipped rows in the frame, public under label flip (the features are) and ``None``
+    under replace-one.
+    """
+
+    relation: str
     n_samples: int
     n_classes: int
     n_features: int
-    bound: PublicBound
-    covariance_floor: float  # eigenvalue floor of released covariances (public)
-    count_share: float | None = None  # fixed budget split, or None to optimise
-    covariance_share: float | None = None
+    frame: Frame
+    budget: Budget
+    radius: float  # stage A (and the global fallback region of stage C)
+    region_radius: float  # stage C, in class-frame units
+    total_scatter: np.ndarray | None = None
+    total_sums: np.ndarray | None = None
+    settings: dict = field(default_factory=lambda: dict(SETTINGS))
+
+    @property
+    def label_flip(self) -> bool:
+        return self.relation == "label-flip"
+
+    @property
+    def sums_factor(self) -> float:
+        """Whitened sensitivity of a class sum per unit radius: a label flip moves two sums by
+        one clipped row each (sqrt 2); replace-one may move one sum by a difference of two
+        (2)."""
+        return float(np.sqrt(2.0)) if self.label_flip else 2.0
+
+    @property
+    def count_sd(self) -> float:
+        return float(np.sqrt(2.0) / self.budget.counts)
+
+    @property
+    def sums_sd(self) -> float:
+        return float(self.sums_factor * self.radius / self.budget.sums)
+
+    @property
+    def scatter_sd(self) -> float:
+        if self.budget.scatter <= 0:
+            return float("inf")
+        return float(np.sqrt(2.0) * self.radius**2 / self.budget.scatter)
 
 
-def upper_triangle(S: np.ndarray) -> np.ndarray:
-    """The entries i <= j of the symmetric matrices ``S`` (shape (..., d, d))."""
-    d = S.shape[-1]
-    iu = np.triu_indices(d)
-    return S[..., iu[0], iu[1]]
+def region_radius(d: int, level: float) -> float:
+    return float(np.sqrt(chi2.ppf(level, d)))
 
 
-# ----------------------------------------------------------------------------- budget split
+# ------------------------------------------------------------------------- stage A: centres
 
 
-def _surrogate_terms(pub: PublicInputs) -> tuple[float, float, float, float]:
-    """Coefficients (weights and count effects per unit Var Z, means per 1/s_m^2, covariances per
-    1/s_c^2, count effect per unit Var Z) of the surrogate KL; see :func:`surrogate_kl`."""
-    K, N, d = pub.n_classes, pub.n_samples, pub.n_features
-    n = N / K
-    rho = SURROGATE_SPREAD
-    if pub.bound.half_widths is not None:
-        h = pub.bound.half_widths
+def _outer(a: np.ndarray) -> np.ndarray:
+    return np.einsum("...i,...j->...ij", a, a)
+
+
+def robust_counts(pub: PublicInputs, counts: np.ndarray) -> np.ndarray:
+    """Released counts as divisors: projected onto sum N (label flip; N is public under both
+    relations), then at least ``count_floor`` noise sd and 2 (a tiny or negative noisy count
+    would blow a class estimate up)."""
+    n = np.asarray(counts, dtype=float)
+    n = n - (n.sum() - pub.n_samples) / pub.n_classes
+    return np.maximum(np.maximum(n, pub.settings["count_floor"] * pub.count_sd), 2.0)
+
+
+def centres(pub: PublicInputs, counts: np.ndarray, sums: np.ndarray):
+    """Rough class centres from stage A and the covariance of their noise (frame units).
+
+    Under label flip the sums are projected onto their public total. Returns ``(n, m, C)``:
+    divisors, centres ``S/n`` and ``C_k = (s_A^2 I + s_n^2 m_k m_k^T) / n_k^2``, the noise of
+    the sum and of the count carried into the centre.
+    """
+    K, d = pub.n_classes, pub.n_features
+    S = np.asarray(sums, dtype=float)
+    if pub.label_flip and pub.total_sums is not None:
+        S = S - (S.sum(axis=0) - pub.total_sums) / K
+    n = robust_counts(pub, counts)
+    m = S / n[:, None]
+    cov = (pub.sums_sd**2 * np.eye(d)[None] + pub.count_sd**2 * _outer(m)) / n[:, None, None] ** 2
+    return n, m, cov
+
+
+def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
+                      means_cov: np.ndarray, scatter: np.ndarray | None = None,
+                      scatter_centres: np.ndarray | None = None) -> np.ndarray:
+    """The pooled within-class covariance (frame units) from public and released values.
+
+    Label flip: ``(T - sum_k n_k (m_k m_k^T - C_k)) / (N - K)`` with ``T`` the public total
+    scatter, ``m_k`` released means and ``C_k`` their noise covariance (its expected
+    contribution removed). Replace-one: the released scatter about the released stage-A
+    centres, corrected for the distance between those centres and ``means``.
+    Eigenvalues are lowered by their noise scale (the KL divergence punishes an overestimated
+    variance more than an underestimated one) and floored relative to the largest.
+    """
+    N, K = pub.n_samples, pub.n_classes
+    dof = max(N - K, 1)
+    if pub.label_flip:
+        between = np.einsum("k,kij->ij", n, _outer(means) - means_cov)
+        P = (pub.total_scatter - between) / dof
+        quad = np.einsum("ki,kij,kj->k", means, means_cov, means)
+        err = np.sqrt(np.sum(n**2 * (4 * quad + np.trace(means_cov, axis1=1, axis2=2) ** 2)))
+        err /= dof
     else:
-        h = np.full(d, pub.bound.radius / np.sqrt(d))
-    m2 = d * rho**2 / 3.0  # E ||mu - c||^2 in the class metric, mean uniform in the box
-    pair = 2.0 if pub.adjacency == "label-flip" else 4.0
-    t_mean = pair * (d * rho) ** 2  # optimum of the mean SDP for the surrogate, at s = 1
-    q = pub.bound.second_moment_bound()
-    t_cov = 2.0 * q * rho**4 * np.sum(1.0 / h**2) ** 2
-    c_count = K**2 / (2.0 * N**2) + 0.5 * m2 / n**2
-    return c_count, 0.5 * t_mean / n**2, 0.25 * t_cov / n**2, m2
+        shift = means - scatter_centres
+        P = (scatter - np.einsum("k,kij->ij", n, _outer(shift) - means_cov)) / dof
+        err = pub.scatter_sd * pub.n_features / dof
+    P = 0.5 * (P + P.T)
+    P = np.where(np.isfinite(P), P, 0.0)
+    top = float(np.max(np.linalg.eigvalsh(P)))
+    scale = top if np.isfinite(top) and top > 0 else 1.0
+    floor = pub.settings["pooled_floor"] * scale
+    margin = pub.settings["eigen_margin"] * (err if np.isfinite(err) else 0.0)
+    return eig_apply(P, lambda w: np.maximum(w - margin, floor))
 
 
-def surrogate_kl(pub: PublicInputs, a: float, s: float, covariance_share: float) -> float:
-    """Public surrogate of the expected KL of a release with this budget.
-
-    Surrogate data: K classes of N/K rows, class covariance diag((h_i / rho)^2) with h the
-    bound's half-widths and rho = :data:`SURROGATE_SPREAD`, class mean uniform in the bound.
-    First-order terms: the weights' KL K^2 Var(Z) / (2 N^2); the mean noise
-    tr(Sigma^{-1} Cov) / (2 n^2) at the optimum of the mean SDP for that class; the
-    second-moment noise ||Sigma^{-1/2} E Sigma^{-1/2}||_F^2 / (4 n^2); and the error the count
-    noise Z induces in the means through the centring (m2 Var Z / (2 n^2)).
-    The covariance term saturates: once the noise swamps the class spread, the projection to
-    the eigenvalue floor bounds the damage, so it enters as (d/2) ln(1 + 2 L / d), L the
-    first-order term (equal to L when L is small).
-    """
-    c_count, c_mean, c_cov, _ = _surrogate_terms(pub)
-    var_z = DiscreteLaplace(a).variance
-    f = covariance_share
-    if s <= 0 or f <= 0 or f >= 1:
-        return float("inf")
-    d = pub.n_features
-    cov_linear = c_cov / (f * s**2)
-    cov_term = 0.5 * d * np.log1p(2.0 * cov_linear / d)
-    return float(c_count * var_z + c_mean / ((1 - f) * s**2) + cov_term)
-
-
-_BUDGET_CACHE: OrderedDict = OrderedDict()
-
-
-def choose_budget(pub: PublicInputs) -> Budget:
-    """:func:`optimise_budget`, memoised on the public inputs (a pure function of them).
-
-    Plans on neighbouring datasets (as an audit builds them) share one calibration.
-    """
-    b = pub.bound
-    key = (pub.epsilon, pub.delta, pub.adjacency, pub.n_samples, pub.n_classes,
-           pub.n_features, b.centre.tobytes(),
-           None if b.half_widths is None else b.half_widths.tobytes(), b.radius,
-           pub.covariance_floor, pub.count_share, pub.covariance_share)
-    hit = _BUDGET_CACHE.get(key)
-    if hit is None:
-        hit = _BUDGET_CACHE[key] = optimise_budget(pub)
-        while len(_BUDGET_CACHE) > 256:
-            _BUDGET_CACHE.popitem(last=False)
-    return hit
-
-
-def optimise_budget(pub: PublicInputs) -> Budget:
-    """The budget split minimising :func:`surrogate_kl` (or the fixed split if given).
-
-    The count share ``a`` is searched on a log grid then refined; for each ``a`` the Gaussian
-    sensitivity ``s`` is the largest admissible one (closed-form accountant) and the
-    covariance share is the best on a grid of 49 values in [0.02, 0.98]. The
-    result is calibrated and checked with the PLD accountant (:func:`~klrelease.privacy.
-    accounting.calibrate`). Depends on public inputs only.
-    """
-    eps, dlt = pub.epsilon, pub.delta
-    f_grid = np.linspace(0.02, 0.98, 49)
-
-    def best_share(a: float, s: float) -> float:
-        if pub.covariance_share is not None:
-            return float(pub.covariance_share)
-        vals = [surrogate_kl(pub, a, s, f) for f in f_grid]
-        return float(f_grid[int(np.argmin(vals))])
-
-    if pub.count_share is not None:
-        a = float(pub.count_share) * eps / 2.0
-        s = max_gaussian_sensitivity(eps, dlt, a)
-        return calibrate(eps, dlt, a, best_share(a, s))
-
-    def objective(log_a: float) -> float:
-        a = float(np.exp(log_a))
-        s = max_gaussian_sensitivity(eps, dlt, a)
-        return surrogate_kl(pub, a, s, best_share(a, s))
-
-    grid = np.log(eps / 2.0 * np.linspace(0.02, 0.95, 24))
-    vals = [objective(g) for g in grid]
-    i = int(np.argmin(vals))
-    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    best = grid[i]
-    if hi > lo:
-        res = minimize_scalar(objective, bounds=(lo, hi), method="bounded",
-                              options={"xatol": 1e-3})
-        if res.fun < vals[i]:
-            best = float(res.x)
-    a = float(np.exp(best))
-    return calibrate(eps, dlt, a, best_share(a, max_gaussian_sensitivity(eps, dlt, a)))
-
-
-# ----------------------------------------------------------------------- covariance stage
-
-
-def _positive_counts(counts: np.ndarray, pub: PublicInputs) -> np.ndarray:
-    """Released counts projected to a composition of N (each >= 1): post-processing."""
-    N = pub.n_samples
-    w = project_simplex(np.asarray(counts, dtype=float) / N, floor=1.0 / N)
-    return round_to_grid(w, N)
-
-
-def covariance_noise_scales(pub: PublicInputs, budget: Budget, counts: np.ndarray) -> np.ndarray:
-    """Standard deviations sigma_k of the noise on the upper triangle of each S2_k.
-
-    A changed record moves S2_a by t t^T and S2_b by t' t'^T, with ||upper(t t^T)||^2 <= Q.
-    The whitened sensitivity is Q (u_a + u_b) with u_k = 1/sigma_k^2 (label flip, a != b), and
-    at most 2 Q max_k u_k under replace-one (same class: ||upper(t't'^T - t t^T)||^2 <= 2Q
-    for PSD rank-one terms). With C = s_cov^2 / Q:
-
-    * replace-one: u_k = C / 2 for every class;
-    * label flip: minimise sum_k u_k^{-1} / n_k (the covariance KL of class k scales as
-      sigma_k^2 / n_k) subject to u_a + u_b <= C for all a != b. At most one class exceeds
-      C / 2; the optimum gives the class with the largest 1/n_k the precision
-      (C/2)(1 + t), all others (C/2)(1 - t), t = (r - 1)/(r + 1), r = sqrt(w_max / w_rest)
-      (t = 0 when r <= 1).
-
-    ``counts`` are the released noisy counts (projected here to positive counts).
-    """
-    q = pub.bound.second_moment_bound()
-    C = budget.covariance_sensitivity**2 / q
-    K = pub.n_classes
-    u = np.full(K, C / 2.0)
-    if pub.adjacency == "label-flip":
-        w = 1.0 / _positive_counts(counts, pub)
-        j = int(np.argmax(w))
-        r = np.sqrt(w[j] / (w.sum() - w[j]))
-        if r > 1:
-            t = (r - 1.0) / (r + 1.0)
-            u[:] = C / 2.0 * (1.0 - t)
-            u[j] = C / 2.0 * (1.0 + t)
-        worst = q * max(u[a] + u[b] for a in range(K) for b in range(K) if a != b)
-    else:
-        worst = 2.0 * q * u.max()
-    if worst > budget.covariance_sensitivity**2 * (1 + 1e-12):
-        raise RuntimeError("covariance noise design exceeds its sensitivity budget")
-    return 1.0 / np.sqrt(u)
-
-
-# ----------------------------------------------------------------------------- mean stage
+# ------------------------------------------------------------------- stage C: class regions
 
 
 @dataclass(frozen=True)
-class MeanNoiseDesign:
-    """Precisions of the noise on the class sums S1_k (noise ~ N(0, P_k^{-1}))."""
+class Regions:
+    """Per class: ``u = (t - centre_k) @ W_k`` clipped to ``||u|| <= r`` (frame ``t``)."""
 
-    precisions: np.ndarray  # (K, d, d)
-    covariances: np.ndarray  # (K, d, d), the inverses
-    sensitivity: float  # achieved sup of the whitened sensitivity (<= budget)
-    report: SolverReport = field(default=None)
-
-
-def _released_scatter(pub: PublicInputs, counts: np.ndarray, second: np.ndarray):
-    """Weights 1/n_k and inverse second-moment matrices from released values only."""
-    n = _positive_counts(counts, pub).astype(float)
-    S = 0.5 * (second + np.swapaxes(second, -1, -2)) / n[:, None, None]
-    S = project_psd(S, pub.covariance_floor)
-    A = np.linalg.inv(S) / n[:, None, None]
-    return A / np.trace(A, axis1=1, axis2=2).sum()  # scale-free objective
+    centres: np.ndarray  # (K, d)
+    W: np.ndarray  # (K, d, d) symmetric
+    W_inv: np.ndarray  # (K, d, d) = shape^(1/2)
+    shape: np.ndarray  # (K, d, d) = W_inv^2, the region's covariance-like shape
+    is_global: np.ndarray  # (K,) bool: the stage-A ball was cheaper for this class
 
 
-@lru_cache(maxsize=16)
-def _mean_problem(K: int, d: int, adjacency: str, kind: str, vert_key: bytes | None,
-                  radius: float):
-    """The (DPP, parametrised by A_k) SDP at unit sensitivity, built once per shape."""
-    import cvxpy as cp
+def regions(pub: PublicInputs, centre: np.ndarray, centre_cov: np.ndarray,
+            pooled: np.ndarray) -> Regions:
+    """Class regions from released values: centre ``m_k``, shape ``pooled + C_k``.
 
-    A = [cp.Parameter((d, d), PSD=True) for _ in range(K)]
-    P = [cp.Variable((d, d), symmetric=True) for _ in range(K)]
-    Y = [cp.Variable((d, d), symmetric=True) for _ in range(K)]
-    eye = np.eye(d)
-    cons = [cp.bmat([[Y[k], eye], [eye, P[k]]]) >> 0 for k in range(K)]
-    V = None if vert_key is None else np.frombuffer(vert_key).reshape(-1, d)
-
-    def sup_quad(M):  # vector of v^T M v over the vertices
-        return cp.sum(cp.multiply(V @ M, V), axis=1)
-
-    if adjacency == "label-flip":
-        for a in range(K):
-            for b in range(a + 1, K):
-                if V is not None:
-                    cons.append(sup_quad(P[a] + P[b]) <= 1.0)
-                else:
-                    cons.append(radius**2 * (P[a] + P[b]) << eye)
-    else:
-        tau = cp.Variable(K)
-        for k in range(K):
-            if V is not None:
-                cons.append(sup_quad(P[k]) <= tau[k])
-            else:
-                cons.append(radius**2 * P[k] << tau[k] * eye)
-            cons.append(4.0 * tau[k] <= 1.0)
-        for a in range(K):
-            for b in range(a + 1, K):
-                cons.append(tau[a] + tau[b] <= 1.0)
-    obj = cp.Minimize(sum(cp.trace(A[k] @ Y[k]) for k in range(K)))
-    return cp.Problem(obj, cons), A, P
-
-
-def mean_sensitivity_of(pub: PublicInputs, P: np.ndarray) -> float:
-    """sup over neighbours of the whitened change of (S1_1..S1_K) for precisions ``P``."""
-    K = P.shape[0]
-    V = pub.bound.vertices()
-    R = pub.bound.outer_radius
-
-    def sup_quad(M):
-        if V is not None:
-            return float(np.max(np.einsum("ij,jk,ik->i", V, M, V)))
-        return float(R**2 * max(np.linalg.eigvalsh(0.5 * (M + M.T))[-1], 0.0))
-
-    if pub.adjacency == "label-flip":
-        worst = max(sup_quad(P[a] + P[b]) for a in range(K) for b in range(K) if a != b)
-    else:
-        tau = [sup_quad(P[k]) for k in range(K)]
-        worst = max(4.0 * max(tau), max(tau[a] + tau[b] for a in range(K)
-                                        for b in range(K) if a != b))
-    return float(np.sqrt(worst))
-
-
-_DESIGN_CACHE: OrderedDict = OrderedDict()
-_DESIGN_CACHE_SIZE = 4096
-
-
-def _public_key(pub: PublicInputs, budget: Budget) -> tuple:
-    b = pub.bound
-    return (
-        pub.epsilon, pub.delta, pub.adjacency, pub.n_samples, pub.n_classes, pub.n_features,
-        b.centre.tobytes(), None if b.half_widths is None else b.half_widths.tobytes(),
-        b.radius, pub.covariance_floor, budget.count_parameter, budget.gaussian_sensitivity,
-        budget.covariance_share,
-    )
-
-
-def cached_mean_noise_precisions(
-    pub: PublicInputs, budget: Budget, counts: np.ndarray, second: np.ndarray
-) -> MeanNoiseDesign:
-    """:func:`mean_noise_precisions`, memoised on its (public and released) arguments.
-
-    The design is a function of public inputs and released values only, so two plans of the
-    same mechanism on neighbouring datasets (as a privacy audit builds them) give the same
-    design for the same output; one process-wide cache lets them share each solve.
+    The shape covers the class's rows (spread about ``pooled``) around a centre known up to
+    its noise ``C_k``. A class whose region would cost more mean noise (``tr(P^{-1} shape)
+    r^2``) than the stage-A ball (``tr(P^{-1}) R^2``) uses that ball instead.
     """
-    key = (_public_key(pub, budget), np.asarray(counts).tobytes(),
-           np.asarray(second, dtype=float).tobytes())
-    hit = _DESIGN_CACHE.get(key)
-    if hit is not None:
-        _DESIGN_CACHE.move_to_end(key)
-        return hit
-    design = mean_noise_precisions(pub, budget, counts, second)
-    _DESIGN_CACHE[key] = design
-    while len(_DESIGN_CACHE) > _DESIGN_CACHE_SIZE:
-        _DESIGN_CACHE.popitem(last=False)
-    return design
-
-
-def mean_noise_precisions(
-    pub: PublicInputs, budget: Budget, counts: np.ndarray, second: np.ndarray
-) -> MeanNoiseDesign:
-    """The KL-minimising mean-noise precisions, from released counts and second moments.
-
-    Solves, with Clarabel (named explicitly),
-
-        minimise   sum_k tr(A_k P_k^{-1})      (epigraph: [[Y_k, I], [I, P_k]] >= 0)
-        subject to v^T (P_a + P_b) v <= 1   for every vertex v of the centred box, a != b
-                   (ball: R^2 (P_a + P_b) <= I), label flip;
-                   v^T P_k v <= tau_k, 4 tau_k <= 1, tau_a + tau_b <= 1, replace-one,
-
-    with A_k = (released S2_k / n_k)^{-1} / n_k, then scales P by s_mean^2 (the problem is
-    homogeneous). The returned precisions are checked against the sensitivity bound directly
-    and scaled down if the solver's answer overshoots, so the guarantee does not rest on the
-    solver's accuracy.
-
-    Raises
-    ------
-    solvers.SolverFailed
-        If the solver does not report an optimal solution or returns a non-PD matrix.
-    """
-    import cvxpy as cp
-
-    import solvers
-
     K, d = pub.n_classes, pub.n_features
-    V = pub.bound.vertices()
-    prob, A_par, P_var = _mean_problem(
-        K, d, pub.adjacency, pub.bound.kind, None if V is None else V.tobytes(),
-        pub.bound.outer_radius,
-    )
-    A = _released_scatter(pub, counts, second)
-    for k in range(K):
-        A_par[k].value = 0.5 * (A[k] + A[k].T)
-    t0 = time.perf_counter()
-    try:
-        prob.solve(solver=cp.CLARABEL)
-    except cp.error.SolverError as exc:
-        raise solvers.SolverFailed("clarabel", "error", str(exc)) from None
-    elapsed = time.perf_counter() - t0
-    if prob.status not in ("optimal", "optimal_inaccurate"):
-        raise solvers.SolverFailed("clarabel", str(prob.status), "mean-noise SDP not solved")
-    s2 = budget.mean_sensitivity**2
-    P = np.stack([0.5 * (p.value + p.value.T) for p in P_var]) * s2
-    if not np.all(np.isfinite(P)) or np.all(np.linalg.eigvalsh(P)[:, -1] <= 0):
-        raise solvers.SolverFailed("clarabel", "infeasible result",
-                                   "mean-noise precision not finite")
-    # eigenvalues at the solver's accuracy may be slightly negative: floor them (this can
-    # only raise the sensitivity by a hair, which the check below removes)
-    vals, vecs = np.linalg.eigh(P)
-    vals = np.maximum(vals, 1e-10 * vals.max(axis=1, keepdims=True))
-    P = np.einsum("kij,kj,klj->kil", vecs, vals, vecs)
-    P = 0.5 * (P + np.swapaxes(P, -1, -2))
-    if np.any(np.linalg.eigvalsh(P)[:, 0] <= 0):
-        raise solvers.SolverFailed("clarabel", "infeasible result",
-                                   "mean-noise precision not positive definite")
-    achieved = mean_sensitivity_of(pub, P)
-    if achieved > budget.mean_sensitivity:
-        P = P * (budget.mean_sensitivity / achieved) ** 2 * (1 - 1e-12)
-        achieved = mean_sensitivity_of(pub, P)
-    C = np.linalg.inv(P)
-    C = 0.5 * (C + np.swapaxes(C, -1, -2))
-    report = SolverReport(solver="clarabel", status=str(prob.status), time=elapsed, n_solves=1)
-    return MeanNoiseDesign(P, C, achieved, report)
+    r, R = pub.region_radius, pub.radius
+    shape = pooled[None] + centre_cov
+    Pinv = np.linalg.inv(pooled)
+    cost = r**2 * np.einsum("ij,kji->k", Pinv, shape)
+    glob = ~(cost < R**2 * np.trace(Pinv))  # NaN-safe: non-finite cost -> global
+    shape = np.where(glob[:, None, None], (R / r) ** 2 * np.eye(d)[None], shape)
+    ctr = np.where(glob[:, None], 0.0, centre)
+    top = np.linalg.eigvalsh(shape)[:, -1]
+    floor = 1e-12 * np.where(np.isfinite(top) & (top > 0), top, 1.0)
+    W = np.stack([eig_apply(shape[k], lambda w, f=floor[k]: 1 / np.sqrt(np.maximum(w, f)))
+                  for k in range(K)])
+    W_inv = np.stack([eig_apply(shape[k], lambda w, f=floor[k]: np.sqrt(np.maximum(w, f)))
+                      for k in range(K)])
+    return Regions(ctr, W, W_inv, W_inv @ W_inv, glob)
 
 
-# ------------------------------------------------------------------------ post-processing
+def allocate_pairwise(costs: np.ndarray, total: float, label_flip: bool) -> np.ndarray:
+    """Per-class shares ``t_k`` of the squared sensitivity ``total``.
 
-
-def estimate_gmm_parts(pub: PublicInputs, output: dict) -> tuple[np.ndarray, np.ndarray,
-                                                                    np.ndarray]:
-    """Weights, means and covariances from the released noisy counts and sums.
-
-    counts -> simplex projection with floor 1/N, rounded to the grid of compositions of N
-    (BASELINES.md A.1-A.2); mean_k = c + S1_k / n_k clipped to the bound; covariance_k =
-    (S2_k - S1_k S1_k^T / n_k) / (n_k - 1) projected to eigenvalues >= the public floor (A.3).
+    Label flip changes two classes, so ``t_a + t_b <= total`` for all ``a != b``;
+    minimising ``sum c_k / t_k`` gives every class ``total/2`` except possibly the costliest,
+    which gets ``(total/2)(1 + x)`` and the others ``(total/2)(1 - x)``, ``x = (q-1)/(q+1)``,
+    ``q = sqrt(c_max / sum of the others)`` (when q > 1). Replace-one may change one class
+    by a difference of two rows, which the per-class sensitivities already double, so
+    ``2 t_k <= total``: every class gets ``total / 2``.
     """
-    n = _positive_counts(output["weights"], pub).astype(float)
-    S1 = np.asarray(output["means"], dtype=float)
-    S2 = np.asarray(output["covariances"], dtype=float)
-    S2 = 0.5 * (S2 + np.swapaxes(S2, -1, -2))
-    centred_means = S1 / n[:, None]
-    means = pub.bound.clip(pub.bound.centre + centred_means)
-    outer = np.einsum("ki,kj->kij", S1, S1) / n[:, None, None]
-    denom = np.maximum(n - 1.0, 1.0)[:, None, None]
-    covs = project_psd((S2 - outer) / denom, pub.covariance_floor)
-    return n / n.sum(), means, covs
+    K = costs.shape[0]
+    t = np.full(K, total / 2.0)
+    if not label_flip or K < 2:
+        return t
+    c = np.where(np.isfinite(costs) & (costs > 0), costs, 0.0)
+    j = int(np.argmax(c))
+    rest = c.sum() - c[j]
+    if rest > 0 and c[j] > rest:
+        q = np.sqrt(c[j] / rest)
+        x = (q - 1.0) / (q + 1.0)
+        t[:] = total / 2.0 * (1.0 - x)
+        t[j] = total / 2.0 * (1.0 + x)
+    return t
 
+
+@dataclass(frozen=True)
+class ClassNoise:
+    """Noise of stage C per class: sums N(0, mean_sd^2 I), second moments symmetric Gaussian
+    of scale ``cov_sd`` (``inf``: the class's second moments are not released)."""
+
+    mean_sd: np.ndarray  # (K,)
+    cov_sd: np.ndarray  # (K,)
+    shares: np.ndarray  # (K,) t_k
+
+    def sensitivity_sq(self, pub: PublicInputs) -> np.ndarray:
+        """Per class: ``t_k = f r^2 / mean_sd^2 + r^4 / cov_sd^2`` with ``f`` 1 (label flip)
+        or 2 (replace-one: a within-class replacement moves the sum by up to ``2r``)."""
+        r = pub.region_radius
+        f = 1.0 if pub.label_flip else 2.0
+        cov = np.where(np.isfinite(self.cov_sd), r**4 / self.cov_sd**2, 0.0)
+        return f * r**2 / self.mean_sd**2 + cov
+
+
+def class_noise(pub: PublicInputs, n: np.ndarray) -> ClassNoise:
+    """Stage-C noise from the released counts: shares between classes, then per class the
+    split between means and second moments minimising a KL surrogate.
+
+    Surrogate of class k (class-frame units, released n): means ``d sigma_m^2 / (2 n^2)``;
+    covariances ``nu D / (4 (nu + D))`` with ``nu = sigma_c^2 d(d+1) / (2 (n-1)^2)`` the noise
+    energy and ``D = prior_divergence * d`` (shrinkage toward the pooled covariance caps the
+    loss at the prior divergence). Depends on public values and released counts only.
+    """
+    K, d = pub.n_classes, pub.n_features
+    r = pub.region_radius
+    f_sum = 1.0 if pub.label_flip else 2.0
+    w = n / n.sum()
+    # costs at unit share for the pairwise allocation (mean part dominates small classes)
+    t = allocate_pairwise(w * d * f_sum * r**2 / (2 * n**2), pub.budget.classes**2,
+                          pub.label_flip)
+    D = pub.settings["prior_divergence"] * d
+    mean_sd = np.empty(K)
+    cov_sd = np.empty(K)
+    for k in range(K):
+        best = None
+        for fm in _MEAN_SHARES:
+            sm2 = f_sum * r**2 / (fm * t[k])
+            cost = d * sm2 / (2 * n[k] ** 2)
+            sc2 = np.inf if fm >= 1.0 else r**4 / ((1.0 - fm) * t[k])
+            if np.isfinite(sc2):
+                nu = sc2 * d * (d + 1) / (2 * max(n[k] - 1.0, 1.0) ** 2)
+                cost += nu * D / (4 * (nu + D))
+            else:
+                cost += D / 4
+            if best is None or cost < best[0]:
+                best = (cost, sm2, sc2)
+        mean_sd[k], cov_sd[k] = np.sqrt(best[1]), np.sqrt(best[2])
+    return ClassNoise(mean_sd, cov_sd, t)
+
+
+# ------------------------------------------------------------------------- post-processing
+
+
+def _combine(m1, C1, m2, C2):
+    """Precision-weighted combination of two independent estimates (batched)."""
+    A1 = np.linalg.pinv(C1, hermitian=True)
+    A2 = np.linalg.pinv(C2, hermitian=True)
+    C = np.linalg.pinv(A1 + A2, hermitian=True)
+    m = np.einsum("kij,kj->ki", C, np.einsum("kij,kj->ki", A1, m1)
+                  + np.einsum("kij,kj->ki", A2, m2))
+    return m, 0.5 * (C + np.swapaxes(C, -1, -2))
+
+
+def estimate(pub: PublicInputs, output: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weights, means and covariances (raw units) from the released values (post-processing).
+
+    ``output`` holds the raw released arrays: ``counts``, ``sums`` (stage A), ``scatter``
+    (stage B, replace-one), ``class_sums`` and ``class_scatter`` (stage C, in the class
+    regions' coordinates). The design is recomputed from them exactly as :meth:`sample` did.
+    """
+    K, d, N = pub.n_classes, pub.n_features, pub.n_samples
+    design = stage_c_design(pub, output)
+    n, m1, C1, reg, noise = (design[k] for k in ("n", "m1", "C1", "regions", "noise"))
+    S1 = np.asarray(output["class_sums"], dtype=float)
+    S2 = np.asarray(output["class_scatter"], dtype=float)
+    m2 = reg.centres + np.einsum("kji,kj->ki", reg.W_inv, S1 / n[:, None])
+    C2 = (noise.mean_sd**2 / n**2)[:, None, None] * reg.shape
+    means, Cm = _combine(m1, C1, m2, C2)
+    if pub.label_flip:
+        P = pooled_covariance(pub, n, means, Cm)
+    else:
+        P = pooled_covariance(pub, n, means, Cm, np.asarray(output["scatter"], dtype=float), m1)
+    target = reg.W @ P[None] @ reg.W
+    covs = np.empty((K, d, d))
+    for k in range(K):
+        T = target[k]
+        tmin = float(np.linalg.eigvalsh(T)[0])
+        if np.isfinite(noise.cov_sd[k]):
+            dof = max(n[k] - 1.0, 1.0)
+            u = S1[k] / n[k]
+            Ck = (S2[k] - n[k] * np.outer(u, u)) / dof
+            nu = noise.cov_sd[k] ** 2 * d * (d + 1) / (2 * dof**2)
+            dist = float(np.sum((Ck - T) ** 2))
+            a = min(1.0, nu / dist) if dist > 0 and np.isfinite(dist) else 1.0
+            Ck = (1 - a) * Ck + a * T
+        else:
+            Ck = T
+        floor = pub.settings["class_floor"] * (tmin if np.isfinite(tmin) and tmin > 0 else 1.0)
+        Ck = eig_apply(Ck, lambda w, f=floor: np.maximum(w, f))
+        covs[k] = reg.W_inv[k] @ Ck @ reg.W_inv[k]
+    weights = project_simplex(np.asarray(output["counts"], dtype=float) / N, floor=0.5 / N)
+    fr = pub.frame
+    raw_means = fr.mean_to_raw(means)
+    raw_covs = fr.cov_to_raw(covs)
+    raw_covs = 0.5 * (raw_covs + np.swapaxes(raw_covs, -1, -2))
+    # a last guard, relative to each released matrix's own scale: strictly positive definite
+    top = np.linalg.eigvalsh(raw_covs)[:, -1]
+    raw_covs = np.stack([eig_apply(raw_covs[k], lambda w, f=1e-12 * max(top[k], 1e-300):
+                                   np.maximum(w, f)) for k in range(K)])
+    return weights, raw_means, raw_covs
+
+
+def stage_c_design(pub: PublicInputs, output: dict) -> dict:
+    """Recompute the design of stage C from the released values of stages A and B."""
+    n, m1, C1 = centres(pub, output["counts"], output["sums"])
+    if pub.label_flip:
+        P = pooled_covariance(pub, n, m1, C1)
+    else:
+        P = pooled_covariance(pub, n, m1, C1, np.asarray(output["scatter"], dtype=float), m1)
+    reg = regions(pub, m1, C1, P)
+    return {"n": n, "m1": m1, "C1": C1, "pooled": P, "regions": reg,
+            "noise": class_noise(pub, n)}
+
+
+def gaussian_logpdf(x: np.ndarray, sd) -> float:
+    """Sum of log N(x; 0, sd^2) over all entries (``sd`` broadcast)."""
+    sd = np.broadcast_to(np.asarray(sd, dtype=float), np.shape(x))
+    return float(np.sum(-0.5 * (x / sd) ** 2 - np.log(sd) - 0.5 * np.log(2 * np.pi)))

@@ -1,27 +1,26 @@
 """``"kl-certified"``: the KL-minimising release with a proven (eps, delta) guarantee.
 
-Rows are clipped to a public bound (a box or a ball with public centre c) and centred,
-t_n = clip(x_n) - c. For every class k the mechanism releases, in this order,
+The release is one Gaussian mechanism applied in three adaptive stages (design in
+:mod:`klrelease.design.certified`, proof in ``kl_certified.md`` next to this file):
 
-1. the count n_k + Z_k, Z_k i.i.d. discrete Laplace with parameter a
-   (:class:`~klrelease.privacy.discrete.DiscreteLaplace`);
-2. the second-moment sum S2_k = sum t t^T plus symmetric Gaussian noise, i.i.d.
-   N(0, sigma_k^2) on the upper triangle, sigma_k chosen from the released counts
-   (:func:`~klrelease.design.certified.covariance_noise_scales`);
-3. the sum S1_k = sum t plus N(0, P_k^{-1}), the precisions P_k solving the KL-minimising SDP
-   over the public bound from the released counts and second moments
-   (:func:`~klrelease.design.certified.mean_noise_precisions`).
+A. the class counts, and the class sums of the rows in a public frame clipped to a ball of
+   public radius (rough class centres);
+B. replace-one only: the pooled scatter of the rows about the released centres (under label
+   flip the total scatter of the public features is used instead);
+C. per class, the sums and second moments of the rows in a class region (an ellipsoid around
+   the released centre, shaped by the released pooled covariance), with the class's share of
+   the budget split between means and covariances to minimise a KL surrogate.
 
-The design (budget split, sigma_k, P_k) is a function of public inputs and released values
-only. Privacy map (proof in ``kl_certified.md`` next to this file): one changed record (a label
-flip, or with ``adjacency="replace-one"`` one record replaced) moves two counts by one, and
-moves the whitened Gaussian stages by at most s_cov and s_mean whatever the released values,
-so the release is dominated by the composition of two discrete Laplace mechanisms of
-sensitivity 1 with one Gaussian mechanism of sensitivity sqrt(s_cov^2 + s_mean^2); the
-budget (:func:`~klrelease.design.certified.choose_budget`) is calibrated so that its exact
-delta(eps), and the PLD accountant of ``dp_accounting``, are at most the requested delta.
-The weights, means and covariances are formed from the released values by projections
-(post-processing).
+Every stage's whitened sensitivity is a public constant whatever was released before, so the
+release is ``mu``-GDP with ``mu^2`` the sum of the squares, i.e. (eps, delta)-DP on the exact
+Gaussian curve. The design of each stage is a function of public inputs and released values
+only; the GMM is formed from the released values by post-processing.
+
+Neighbouring relations: ``label-flip`` (default: the datasets differ in the label of one
+record; the features are public) and ``replace-one`` (one record, features and label, is
+replaced; needs a public bound: a box ``bounds=`` or a ball ``norm_bound=``). The set of
+classes is public only when the caller declares it (``classes=``); read from the labels it
+would reveal which classes occur, so such a release warns and is not certified.
 """
 
 from __future__ import annotations
@@ -33,244 +32,292 @@ import numpy as np
 
 from ..data import LabelledData
 from ..design.certified import (
-    MeanNoiseDesign,
-    PublicBound,
+    SETTINGS,
+    Budget,
+    Frame,
     PublicInputs,
-    cached_mean_noise_precisions,
-    choose_budget,
-    covariance_noise_scales,
-    estimate_gmm_parts,
-    upper_triangle,
+    clip_ball,
+    estimate,
+    gaussian_logpdf,
+    region_radius,
+    stage_c_design,
+    symmetric_gaussian,
+    symmetric_gaussian_logpdf,
 )
 from ..gmm import GMM
 from ..neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
-from ..privacy.accounting import Budget
-from ..privacy.discrete import DiscreteLaplace
 from ..warnings_ import PrivacyLeakWarning
 from .base import Guarantee, Mechanism, Plan, check_options
 
-__all__ = ["KLCertified", "KLCertifiedPlan", "resolve_bound", "FLOOR_FRACTION"]
-
-#: Default eigenvalue floor of released covariances: this fraction of the mean squared
-#: half-width of the public bound (a public constant).
-FLOOR_FRACTION = 4e-4
+__all__ = ["KLCertified", "KLCertifiedPlan", "public_frame"]
 
 ADJACENCIES = (Adjacency.LABEL_FLIP, Adjacency.REPLACE_ONE)
 
 ASSUMPTIONS = (
-    "Every row is clipped to the public bound before any statistic is computed.",
-    "The number of rows N and the set of classes are public (both relations keep N fixed).",
+    "N, d and the declared set of classes are public (both relations keep N fixed).",
     "Noise is sampled in floating point; the proof treats the samplers as exact (real "
     "arithmetic), like every floating-point implementation of these mechanisms.",
 )
 
 
-def resolve_bound(data: LabelledData, adjacency: Adjacency, bounds_from_data: bool,
-                  norm_bound) -> tuple[PublicBound, bool]:
-    """The public bound of a release and whether it keeps the guarantee.
+def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool,
+                 norm_bound) -> tuple[Frame, np.ndarray, bool, str]:
+    """The public frame of a release, the rows in it, whether it keeps the guarantee, and
+    a description of where it comes from.
 
-    Returns ``(bound, certified)``. Under label flip the features are identical in both
-    neighbouring datasets, so a box computed from them is public and the guarantee holds.
-    Under replace-one a bound read from the data is not public: this needs
-    ``bounds_from_data=True``, warns with :class:`~klrelease.warnings_.PrivacyLeakWarning`
-    and the release is not certified.
+    Label flip: the features are public, so the frame whitens them (centre their mean, scale
+    the inverse square root of their covariance, eigenvalues floored at 1e-12 of the largest).
+    Replace-one: the frame comes from the public bound (box to ``[-1, 1]^d``, ball of radius
+    ``B`` to radius ``sqrt(d)``) and rows are clipped into it; ``bounds_from_data=True`` reads
+    the box from the data instead, which voids the guarantee (warned).
     """
+    X = data.X
+    d = data.n_features
+    if relation == Adjacency.LABEL_FLIP:
+        centre = X.mean(axis=0)
+        C = np.atleast_2d(np.cov(X, rowvar=False)) if X.shape[0] > 1 else np.zeros((d, d))
+        w, V = np.linalg.eigh(0.5 * (C + C.T))
+        top = w.max() if np.isfinite(w.max()) and w.max() > 0 else 1.0
+        w = np.maximum(w, 1e-12 * top)
+        frame = Frame(centre, (V / np.sqrt(w)) @ V.T, (V * np.sqrt(w)) @ V.T)
+        return frame, frame.to_frame(X), True, "the public features (whitened)"
     box = data.bounds
     B = data.norm_bound if norm_bound is None else norm_bound
     if box is not None and B is not None:
         raise ValueError("give either bounds= (a box) or norm_bound= (a ball), not both")
-    if box is not None:
-        lower, upper = box
-        return PublicBound(centre=(lower + upper) / 2.0, half_widths=(upper - lower) / 2.0), True
-    if B is not None:
-        B = float(B)
-        if not np.isfinite(B) or B <= 0:
-            raise ValueError(f"norm_bound must be a finite number > 0, got {norm_bound!r}")
-        return PublicBound(centre=np.zeros(data.n_features), radius=B), True
-    if adjacency == Adjacency.REPLACE_ONE and not bounds_from_data:
-        raise ValueError(
-            "kl-certified under replace-one needs a public bound on the features: pass "
-            "bounds=(lower, upper) or norm_bound=B (rows are clipped to it); "
-            "bounds_from_data=True reads them from the data and voids the guarantee"
-        )
-    lower, upper = data.X.min(axis=0), data.X.max(axis=0)
-    scale = np.maximum(1.0, np.abs(lower) + np.abs(upper))
-    half = np.maximum((upper - lower) / 2.0, 1e-9 * scale)
-    bound = PublicBound(centre=(lower + upper) / 2.0, half_widths=half, from_data=True)
-    if adjacency == Adjacency.REPLACE_ONE:
+    certified, where = True, "the public bound"
+    if box is None and B is None:
+        if not bounds_from_data:
+            raise ValueError(
+                "kl-certified under replace-one needs a public bound on the features: pass "
+                "bounds=(lower, upper) or norm_bound=B (rows are clipped to it); "
+                "bounds_from_data=True reads them from the data and voids the guarantee"
+            )
         warnings.warn(
             "kl-certified: the feature bounds are read from the private data "
             "(bounds_from_data=True); under replace-one this leaks information and the release "
-            "is NOT differentially private",
-            PrivacyLeakWarning, stacklevel=3,
-        )
-        return bound, False
-    return bound, True
+            "is NOT differentially private", PrivacyLeakWarning, stacklevel=4)
+        lo, hi = X.min(axis=0), X.max(axis=0)
+        span = np.maximum(hi - lo, 1e-12 * np.maximum(1.0, np.abs(lo) + np.abs(hi)))
+        box = (lo, lo + span)
+        certified, where = False, "the private data (bounds_from_data=True)"
+    if box is not None:
+        lo, hi = (np.asarray(b, dtype=float) for b in box)
+        h = (hi - lo) / 2.0
+        frame = Frame((lo + hi) / 2.0, np.diag(1.0 / h), np.diag(h))
+        T = np.clip(frame.to_frame(X), -1.0, 1.0)
+        return frame, T, certified, where
+    B = float(B)
+    if not np.isfinite(B) or B <= 0:
+        raise ValueError(f"norm_bound must be a finite number > 0, got {norm_bound!r}")
+    s = np.sqrt(d) / B
+    frame = Frame(np.zeros(d), s * np.eye(d), np.eye(d) / s)
+    return frame, clip_ball(frame.to_frame(X), np.sqrt(d)), certified, where
 
 
 @dataclass
 class KLCertifiedPlan(Plan):
-    """The output law of ``kl-certified`` on one dataset (holds private sums: never publish)."""
+    """The output law of ``kl-certified`` on one dataset (holds private values: never publish).
+
+    Raw outputs are dicts of released arrays: ``counts`` (K,), ``sums`` (K, d), ``scatter``
+    (d, d; replace-one), ``class_sums`` (K, d) and ``class_scatter`` (K, d, d) in the class
+    regions' coordinates (zero, and not noised, for a class whose second moments the design
+    does not release).
+    """
 
     public: PublicInputs = None
-    budget: Budget = None
+    rows: list = None  # private: per class, the rows in the public frame
     counts: np.ndarray = None  # private
-    first: np.ndarray = None  # private S1, (K, d)
-    second: np.ndarray = None  # private S2, (K, d, d)
+    sums: np.ndarray = None  # private stage-A sums
+    fallbacks: int = 0
 
-    @property
-    def count_noise(self) -> DiscreteLaplace:
-        return DiscreteLaplace(self.budget.count_parameter)
+    # ----------------------------------------------------------------- private statistics
+    def _stage_b(self, m1: np.ndarray) -> np.ndarray:
+        d = self.public.n_features
+        W = np.zeros((d, d))
+        for k, T in enumerate(self.rows):
+            if T.shape[0]:
+                V = clip_ball(T - m1[k], self.public.radius)
+                W += V.T @ V
+        return W
 
-    def mean_design(self, counts: np.ndarray, second: np.ndarray) -> MeanNoiseDesign:
-        """The mean-noise design for released (counts, second moments) (memoised)."""
-        return cached_mean_noise_precisions(self.public, self.budget, counts, second)
+    def _stage_c(self, design: dict) -> tuple[np.ndarray, np.ndarray]:
+        pub, reg = self.public, design["regions"]
+        K, d = pub.n_classes, pub.n_features
+        S1, S2 = np.zeros((K, d)), np.zeros((K, d, d))
+        for k, T in enumerate(self.rows):
+            if T.shape[0]:
+                U = clip_ball((T - reg.centres[k]) @ reg.W[k], pub.region_radius)
+                S1[k], S2[k] = U.sum(axis=0), U.T @ U
+        return S1, S2
 
+    # --------------------------------------------------------------------------- the law
     def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        K, d = self.public.n_classes, self.public.n_features
-        counts = self.counts + self.count_noise.sample(rng, K)
-        sig = covariance_noise_scales(self.public, self.budget, counts)
-        iu = np.triu_indices(d)
-        E = np.zeros((K, d, d))
-        E[:, iu[0], iu[1]] = rng.standard_normal((K, iu[0].size)) * sig[:, None]
-        E = E + np.triu(E, 1).transpose(0, 2, 1)
-        second = self.second + E
-        design = self.mean_design(counts, second)
-        self.solver = design.report
-        z = rng.standard_normal((K, d))
-        L = np.linalg.cholesky(design.covariances)
-        first = self.first + np.einsum("kij,kj->ki", L, z)
-        return {"weights": counts, "means": first, "covariances": second}
+        pub = self.public
+        K, d = pub.n_classes, pub.n_features
+        out = {
+            "counts": self.counts + rng.standard_normal(K) * pub.count_sd,
+            "sums": self.sums + rng.standard_normal((K, d)) * pub.sums_sd,
+        }
+        if not pub.label_flip:
+            from ..design.certified import centres
+
+            m1 = centres(pub, out["counts"], out["sums"])[1]
+            out["scatter"] = self._stage_b(m1) + symmetric_gaussian(
+                rng, np.asarray(pub.scatter_sd), d)
+        design = stage_c_design(pub, out)
+        S1, S2 = self._stage_c(design)
+        noise = design["noise"]
+        out["class_sums"] = S1 + rng.standard_normal((K, d)) * noise.mean_sd[:, None]
+        released = np.isfinite(noise.cov_sd)
+        E = symmetric_gaussian(rng, np.where(released, noise.cov_sd, 1.0), d)
+        out["class_scatter"] = np.where(released[:, None, None], S2 + E, 0.0)
+        return out
 
     def log_density(self, output: dict[str, np.ndarray]) -> dict[str, float]:
-        counts = np.asarray(output["weights"])
-        second = np.asarray(output["covariances"], dtype=float)
-        first = np.asarray(output["means"], dtype=float)
-        lw = float(np.sum(self.count_noise.log_pmf(counts - self.counts)))
-        if not np.isfinite(lw) or not np.allclose(second, np.swapaxes(second, -1, -2),
-                                                  rtol=0, atol=0):
-            return {"weights": lw, "means": -np.inf, "covariances": -np.inf}
-        sig = covariance_noise_scales(self.public, self.budget, counts)
-        r = upper_triangle(second - self.second) / sig[:, None]
-        lc = float(np.sum(-0.5 * r**2 - np.log(sig)[:, None] - 0.5 * np.log(2 * np.pi)))
-        design = self.mean_design(counts, second)
-        dev = first - self.first
-        quad = np.einsum("ki,kij,kj->k", dev, design.precisions, dev)
-        logdet = np.linalg.slogdet(design.precisions)[1]
-        d = first.shape[1]
-        lm = float(np.sum(-0.5 * quad + 0.5 * logdet - 0.5 * d * np.log(2 * np.pi)))
+        pub = self.public
+        counts = np.asarray(output["counts"], dtype=float)
+        sums = np.asarray(output["sums"], dtype=float)
+        lw = gaussian_logpdf(counts - self.counts, pub.count_sd)
+        lm = gaussian_logpdf(sums - self.sums, pub.sums_sd)
+        lc = 0.0
+        if not pub.label_flip:
+            from ..design.certified import centres
+
+            m1 = centres(pub, counts, sums)[1]
+            E = np.asarray(output["scatter"], dtype=float) - self._stage_b(m1)
+            lc += float(symmetric_gaussian_logpdf(E, pub.scatter_sd))
+        design = stage_c_design(pub, output)
+        S1, S2 = self._stage_c(design)
+        noise = design["noise"]
+        dev = np.asarray(output["class_sums"], dtype=float) - S1
+        lm += gaussian_logpdf(dev, noise.mean_sd[:, None])
+        cs = np.asarray(output["class_scatter"], dtype=float)
+        for k in range(pub.n_classes):
+            if np.isfinite(noise.cov_sd[k]):
+                lc += float(symmetric_gaussian_logpdf(cs[k] - S2[k], noise.cov_sd[k]))
+            elif np.any(cs[k] != 0):
+                lc = -np.inf
         return {"weights": lw, "means": lm, "covariances": lc}
 
     def finalize(self, output: dict[str, np.ndarray]) -> GMM:
-        w, m, c = estimate_gmm_parts(self.public, output)
-        return GMM(w, m, c, self.classes)
+        try:
+            w, m, c = estimate(self.public, output)
+            return GMM(w, m, c, self.classes)
+        except (ValueError, np.linalg.LinAlgError, FloatingPointError):
+            # Never fail after noise was drawn: a cruder post-processing of the same released
+            # values (stage-A centres, the frame's unit covariance) keeps the release valid.
+            self.fallbacks += 1
+            return _fallback_gmm(self.public, output, self.classes)
+
+
+def _fallback_gmm(pub: PublicInputs, output: dict, classes) -> GMM:
+    from ..design.certified import centres
+    from ..privacy.projections import project_simplex
+
+    N, K, d = pub.n_samples, pub.n_classes, pub.n_features
+    counts = np.nan_to_num(np.asarray(output["counts"], dtype=float))
+    sums = np.nan_to_num(np.asarray(output["sums"], dtype=float))
+    _, m1, _ = centres(pub, counts, sums)
+    m1 = clip_ball(np.nan_to_num(m1), pub.radius)
+    w = project_simplex(counts / N, floor=0.5 / N)
+    covs = np.broadcast_to(pub.frame.cov_to_raw(np.eye(d)), (K, d, d)).copy()
+    return GMM(w, pub.frame.mean_to_raw(m1), covs, classes)
 
 
 class KLCertified(Mechanism):
-    """KL-minimising noise design on public inputs and released statistics (certified)."""
+    """KL-minimising design on public inputs and released statistics (certified)."""
 
     name = "kl-certified"
     min_class_size = 0  # never refuse on private class sizes
-    summary = ("KL-minimising design from public bounds and released statistics; certified "
+    summary = ("KL-minimising design from public inputs and released statistics; certified "
                "(eps, delta)-DP (recommended)")
     options = {
         "adjacency": Adjacency.LABEL_FLIP.value,
         "norm_bound": None,
         "bounds_from_data": False,
-        "covariance_floor": None,
-        "count_share": None,
-        "covariance_share": None,
     }
 
     def plan(self, data: LabelledData, *, epsilon: float, delta: float,
              **options) -> KLCertifiedPlan:
         opts = check_options(self, options)
         try:
-            adjacency = Adjacency(opts["adjacency"])
+            relation = Adjacency(opts["adjacency"])
         except ValueError:
-            adjacency = None
-        if adjacency not in ADJACENCIES:
+            relation = None
+        if relation not in ADJACENCIES:
             raise ValueError(
                 f"unknown or unsupported adjacency {opts['adjacency']!r} for kl-certified; "
                 f"allowed: {', '.join(a.value for a in ADJACENCIES)}"
             )
-        bound, certified = resolve_bound(data, adjacency, bool(opts["bounds_from_data"]),
-                                         opts["norm_bound"])
-        floor = opts["covariance_floor"]
-        if floor is None:
-            h = bound.half_widths if bound.half_widths is not None else np.full(
-                data.n_features, bound.radius / np.sqrt(data.n_features))
-            floor = FLOOR_FRACTION * float(np.mean(h**2))
+        if not isinstance(opts["bounds_from_data"], bool | np.bool_):
+            raise ValueError("bounds_from_data must be true or false")
+        frame, T, bound_ok, where = public_frame(data, relation, bool(opts["bounds_from_data"]),
+                                                 opts["norm_bound"])
+        N, K, d = data.n_samples, data.n_classes, data.n_features
+        lf = relation == Adjacency.LABEL_FLIP
+        shares = SETTINGS[relation.value]
+        if lf:
+            sq = np.einsum("ij,ij->i", T, T)
+            R = float(np.sqrt(np.quantile(sq, SETTINGS["radius_quantile"])))
+            if not np.isfinite(R) or R <= 0:
+                R = 1.0  # every row at the centre: any public radius will do
         else:
-            floor = float(floor)
-            if not np.isfinite(floor) or floor <= 0:
-                raise ValueError(f"covariance_floor must be a finite number > 0, got "
-                                 f"{opts['covariance_floor']!r}")
-        shares = {}
-        for key in ("count_share", "covariance_share"):
-            v = opts[key]
-            if v is not None:
-                v = float(v)
-                if not 0 < v < 1:
-                    raise ValueError(f"{key} must lie strictly between 0 and 1, got {opts[key]!r}")
-            shares[key] = v
+            R = float(SETTINGS["box_radius"] * np.sqrt(d))
+        U = clip_ball(T, R)
         pub = PublicInputs(
-            epsilon=epsilon, delta=delta, adjacency=adjacency.value,
-            n_samples=data.n_samples, n_classes=data.n_classes, n_features=data.n_features,
-            bound=bound, covariance_floor=floor, **shares,
+            relation=relation.value, n_samples=N, n_classes=K, n_features=d, frame=frame,
+            budget=Budget.split(epsilon, delta, shares), radius=R,
+            region_radius=region_radius(d, SETTINGS["region_level"]),
+            total_scatter=T.T @ T if lf else None, total_sums=U.sum(axis=0) if lf else None,
         )
-        budget = choose_budget(pub)
-        T = bound.clip(data.X) - bound.centre
-        K = data.n_classes
-        onehot = np.eye(K)[data.codes]
-        counts = onehot.sum(axis=0).astype(np.int64)
-        first = onehot.T @ T
-        second = np.einsum("nk,ni,nj->kij", onehot, T, T)
-        second = 0.5 * (second + np.swapaxes(second, -1, -2))
+        order = np.argsort(data.codes, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(data.codes, minlength=K))])
+        rows = [T[order[bounds[k]:bounds[k + 1]]] for k in range(K)]
+        counts = np.diff(bounds).astype(float)
+        sums = np.stack([clip_ball(r, R).sum(axis=0) if r.shape[0] else np.zeros(d)
+                         for r in rows])
 
-        rel = ADJACENCY_DESCRIPTIONS[adjacency]
+        rel = ADJACENCY_DESCRIPTIONS[relation]
+        declared = bool(getattr(data, "classes_declared", False))
+        reasons = list(ASSUMPTIONS)
+        certified = bound_ok and declared
+        if not declared:
+            warnings.warn(
+                "kl-certified: the set of classes was read from the labels (pass classes= to "
+                "declare it); which classes occur is then not protected and the release is NOT "
+                "certified", PrivacyLeakWarning, stacklevel=4)
+            reasons.insert(0, "The set of classes was read from the private labels, not "
+                              "declared: a class with one record can reveal that record's "
+                              "label.")
+        if not bound_ok:
+            reasons.insert(0, "The clipping bound is computed from the private rows; a "
+                              "changed record can change the bound and so every released "
+                              "value.")
         if certified:
-            where = ("computed from the features, which are identical in neighbouring "
-                     "datasets under label flip and so public" if bound.from_data else "public")
             statement = (
                 f"({epsilon:g}, {delta:g})-differentially private for neighbouring datasets "
-                f"that {rel.split(';')[0].replace('datasets ', '')}; rows clipped to a "
-                f"{bound.kind} bound ({where}). Proven in klrelease/mechanisms/kl_certified.md."
+                f"that {rel.split(';')[0].replace('datasets ', '')}; frame and clipping from "
+                f"{where}. Proven in klrelease/mechanisms/kl_certified.md."
             )
-            reasons = ASSUMPTIONS
         else:
-            statement = (
-                "NOT differentially private: the feature bounds were read from the private "
-                "data (bounds_from_data=True), which the replace-one guarantee does not allow."
-            )
-            reasons = ("The clipping bound is computed from the private rows; a changed record "
-                       "can change the bound and so every released value.",) + ASSUMPTIONS
-        accounting = budget.describe() if not bound.from_data else (
-            "discrete Laplace counts composed with Gaussian stages (dp_accounting PLD "
-            f"accountant and exact closed form), delta({epsilon:g}) <= {delta:g}"
-        )
+            statement = ("NOT differentially private as released: "
+                         + " ".join(reasons[: 2 - int(declared) - int(bound_ok)]))
         guarantee = Guarantee(
-            epsilon=epsilon, delta=delta, neighbouring=adjacency.value, certified=certified,
-            statement=statement, reasons=tuple(reasons), accounting=accounting,
+            epsilon=epsilon, delta=delta, neighbouring=relation.value, certified=certified,
+            statement=statement, reasons=tuple(reasons), accounting=pub.budget.describe(),
         )
         public = {
-            "adjacency": adjacency.value,
+            "adjacency": relation.value,
             "adjacency_meaning": rel,
-            "bound": bound.describe(),
-            "covariance_floor": floor if not bound.from_data else
-            f"{FLOOR_FRACTION:g} x mean squared half-width of the bound",
-            "count_share": shares["count_share"],
-            "covariance_share": shares["covariance_share"],
+            "frame": where,
+            "budget": {"mu": pub.budget.mu, "counts": pub.budget.counts,
+                       "sums": pub.budget.sums, "scatter": pub.budget.scatter,
+                       "classes": pub.budget.classes},
+            "classes_declared": declared,
         }
-        if not bound.from_data:
-            public["budget"] = {
-                "count_parameter": budget.count_parameter,
-                "gaussian_sensitivity": budget.gaussian_sensitivity,
-                "covariance_share": budget.covariance_share,
-                "pld_delta": budget.pld_delta,
-            }
         return KLCertifiedPlan(
             mechanism=self.name, guarantee=guarantee, classes=data.classes,
-            public_options=public, solver=None, public=pub, budget=budget, counts=counts,
-            first=first, second=second,
+            public_options=public, solver=None, public=pub, rows=rows, counts=counts,
+            sums=sums,
         )
