@@ -294,7 +294,7 @@ def audit(
         raise ValueError(f"time_limit must be > 0 seconds, got {time_limit!r}")
     if not 0 < float(confidence) < 1:
         raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence!r}")
-    data = as_labelled_data(X, y, bounds=bounds, norm_bound=norm_bound)
+    data = as_labelled_data(X, y, bounds=bounds, norm_bound=norm_bound, min_class_size=0)
     plan_d = mech.plan(data, epsilon=eps, delta=dlt, **options)
     relation_name = neighbouring if neighbouring is not None else plan_d.guarantee.neighbouring
     try:

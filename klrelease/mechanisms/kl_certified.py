@@ -76,10 +76,17 @@ def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool
     if relation == Adjacency.LABEL_FLIP:
         centre = X.mean(axis=0)
         C = np.atleast_2d(np.cov(X, rowvar=False)) if X.shape[0] > 1 else np.zeros((d, d))
-        w, V = np.linalg.eigh(0.5 * (C + C.T))
-        top = w.max() if np.isfinite(w.max()) and w.max() > 0 else 1.0
-        w = np.maximum(w, 1e-12 * top)
-        frame = Frame(centre, (V / np.sqrt(w)) @ V.T, (V * np.sqrt(w)) @ V.T)
+        # standardise each feature, then whiten the correlations: a change of units of a
+        # feature leaves the frame's rows unchanged, any affine map rotates them
+        sd = np.sqrt(np.maximum(np.diag(C), 0.0))
+        top = sd.max() if np.isfinite(sd.max()) and sd.max() > 0 else 1.0
+        sd = np.maximum(sd, 1e-12 * top)
+        Rc = C / np.outer(sd, sd)
+        w, V = np.linalg.eigh(0.5 * (Rc + Rc.T))
+        w = np.maximum(w, 1e-12 * max(w.max(), 1e-300))
+        W = (V / np.sqrt(w)) @ V.T / sd[:, None]
+        W_inv = sd[None, :] * ((V * np.sqrt(w)) @ V.T)
+        frame = Frame(centre, W, W_inv)
         return frame, frame.to_frame(X), True, "the public features (whitened)"
     box = data.bounds
     B = data.norm_bound if norm_bound is None else norm_bound

@@ -1,0 +1,273 @@
+"""Tests of the certified mechanism ``kl-certified``: privacy map, robustness, equivariance."""
+
+import warnings
+
+import numpy as np
+import pytest
+from conftest import synthetic_gmm_data
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+import klrelease as kr
+from klrelease.design import certified as design
+from klrelease.design.certified import Budget, clip_ball, symmetric_gaussian
+from klrelease.warnings_ import PrivacyLeakWarning
+
+# ------------------------------------------------------------------------------- accounting
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(eps=st.floats(0.05, 20.0), log_delta=st.floats(-12.0, -1.0),
+       relation=st.sampled_from(["label-flip", "replace-one"]))
+def test_budget_never_exceeds_the_requested_delta(eps, log_delta, relation):
+    delta = 10.0**log_delta
+    b = Budget.split(eps, delta, design.SETTINGS[relation])
+    assert b.total == pytest.approx(b.mu, rel=1e-12)
+    # the exact Gaussian curve and dp_accounting's PLD accountant, recomputed here
+    assert design.gaussian_delta(1.0, eps, b.total) <= delta
+    assert b.pld_delta() <= delta * (1 + 1e-3)
+    assert min(b.counts, b.sums, b.classes) > 0
+
+
+def test_dp_event_composes_in_dp_accounting():
+    import dp_accounting
+
+    b = Budget.split(1.0, 1e-5, design.SETTINGS["label-flip"])
+    acc = dp_accounting.pld.PLDAccountant()
+    acc.compose(b.dp_event(), 2)
+    # two releases of mu-GDP compose to sqrt(2) mu-GDP: the accountant agrees
+    assert acc.get_delta(1.0) == pytest.approx(
+        design.gaussian_delta(1.0, 1.0, np.sqrt(2) * b.mu), rel=2e-2)
+
+
+def test_symmetric_gaussian_density_and_sampler():
+    rng = np.random.default_rng(0)
+    E = symmetric_gaussian(rng, np.full(20000, 2.0), 3)
+    assert np.allclose(E, np.swapaxes(E, -1, -2))
+    assert E[:, 0, 0].std() == pytest.approx(2.0, rel=0.03)
+    assert E[:, 0, 1].std() == pytest.approx(2.0 / np.sqrt(2), rel=0.03)
+    x = E[0]
+    iu = np.triu_indices(3)
+    ref = (stats.norm(0, 2.0).logpdf(np.diag(x)).sum()
+           + stats.norm(0, 2.0 / np.sqrt(2)).logpdf(x[np.triu_indices(3, 1)]).sum())
+    assert design.symmetric_gaussian_logpdf(x, 2.0) == pytest.approx(ref, rel=1e-12)
+    assert iu[0].size == 6
+
+
+# ------------------------------------------------------------------------------- the privacy map
+
+
+@pytest.fixture(scope="module")
+def iris():
+    return kr.load_dataset("iris")
+
+
+def _stage_sensitivities(p, q, out):
+    """Whitened change between two plans' private statistics for the same released values."""
+    pub = p.public
+    d1 = np.sum((p.counts - q.counts) ** 2) / pub.count_sd**2
+    d2 = np.sum((p.sums - q.sums) ** 2) / pub.sums_sd**2
+    d3 = 0.0
+    if not pub.label_flip:
+        m1 = design.centres(pub, out["counts"], out["sums"])[1]
+        d3 = np.sum((p._stage_b(m1) - q._stage_b(m1)) ** 2) / pub.scatter_sd**2
+    dz = design.stage_c_design(pub, out)
+    S1p, S2p = p._stage_c(dz)
+    S1q, S2q = q._stage_c(dz)
+    noise = dz["noise"]
+    d4 = np.sum((S1p - S1q) ** 2 / noise.mean_sd[:, None] ** 2)
+    fin = np.isfinite(noise.cov_sd)
+    d4 += np.sum(np.sum((S2p - S2q)[fin] ** 2, axis=(1, 2)) / noise.cov_sd[fin] ** 2)
+    b = pub.budget
+    return np.array([d1, d2, d3, d4]), np.array([b.counts, b.sums, b.scatter, b.classes]) ** 2
+
+
+@pytest.mark.parametrize("relation", ["label-flip", "replace-one"])
+def test_every_stage_within_its_sensitivity_for_neighbours(iris, relation):
+    """Brute force: for many neighbours and released values, each stage moves by at most its
+    public whitened sensitivity (the proof's lemma, checked on the code)."""
+    rng = np.random.default_rng(1)
+    kw = dict(epsilon=1.0, delta=1e-5, adjacency=relation)
+    p = kr.plan(iris, None, **kw)
+    worst = np.zeros(4)
+    for trial in range(40):
+        out = p.sample(rng)
+        n = int(rng.integers(iris.n_samples))
+        codes = iris.codes.copy()
+        codes[n] = (codes[n] + 1 + rng.integers(2)) % 3
+        if relation == "label-flip":
+            other = iris.with_labels(codes)
+        else:
+            X = iris.X.copy()
+            lo, hi = iris.bounds
+            X[n] = rng.uniform(lo, hi) if trial % 2 else (lo if trial % 4 else hi)
+            other = iris.with_labels(codes).with_features(X)
+        q = kr.plan(other, None, **kw)
+        got, allowed = _stage_sensitivities(p, q, out)
+        worst = np.maximum(worst, got / np.where(allowed > 0, allowed, 1.0))
+    assert np.all(worst <= 1 + 1e-9), worst
+    assert worst[3] > 0.2  # the class stage is exercised, not trivially zero
+
+
+def test_design_receives_no_private_input(iris):
+    """Two neighbouring datasets fed the same released values give the same design."""
+    codes = iris.codes.copy()
+    codes[0] = 2
+    p, q = kr.plan(iris, None, epsilon=2, delta=1e-5), kr.plan(iris.with_labels(codes), None,
+                                                                epsilon=2, delta=1e-5)
+    out = p.sample(np.random.default_rng(3))
+    a, b = design.stage_c_design(p.public, out), design.stage_c_design(q.public, out)
+    for key in ("pooled",):
+        np.testing.assert_array_equal(a[key], b[key])
+    np.testing.assert_array_equal(a["regions"].W, b["regions"].W)
+    np.testing.assert_array_equal(a["noise"].mean_sd, b["noise"].mean_sd)
+    # same support: both densities finite, and the released model is the same function
+    assert all(np.isfinite(v) for v in q.log_density(out).values())
+    np.testing.assert_array_equal(p.finalize(out).means, q.finalize(out).means)
+
+
+def test_audit_finds_no_violation_on_the_new_paths():
+    """The project's audit on a small set with an empty declared class and a one-row class."""
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(24, 2))
+    y = np.array([0] * 20 + [1] * 3 + [2])
+    data = kr.as_labelled_data(X, y, classes=[0, 1, 2, 3], min_class_size=0)
+    for relation, kw in (("label-flip", {}), ("replace-one", {"bounds": (-4, 4)})):
+        r = kr.audit("kl-certified", data, None, epsilon=1.0, delta=1e-5, n_samples=1500,
+                     max_pairs=6, seed=0, adjacency=relation, **kw)
+        assert r.certified_claim and not r.violation, r.summary()
+
+
+# ------------------------------------------------------------------------------- robustness
+
+
+@pytest.mark.parametrize("relation", ["label-flip", "replace-one"])
+def test_stress_matrix_never_fails(relation):
+    rng = np.random.default_rng(7)
+    cases = []
+    sizes = rng.integers(1, 4, size=20)  # K = 20 classes of 1-3 rows
+    y = np.repeat(np.arange(20), sizes)
+    cases.append((rng.normal(size=(y.size, 3)) + y[:, None], y, 22))
+    y = rng.integers(0, 4, 400)
+    cases.append((rng.standard_t(2, size=(400, 5)) + 3 * y[:, None], y, 4))  # heavy tails
+    y = rng.integers(0, 3, 300)
+    cases.append(((rng.normal(size=(300, 6)) + y[:, None]) * np.logspace(-3, 3, 6), y, 3))
+    y = rng.integers(0, 5, 600)
+    cases.append((rng.normal(size=(600, 50)) + y[:, None], y, 5))  # d = 50
+    X = np.zeros((30, 4))
+    X[:, 0] = rng.normal(size=30)  # constant features: a degenerate frame
+    cases.append((X, rng.integers(0, 3, 30), 3))
+    for X, y, K in cases:
+        kw = {} if relation == "label-flip" else {"bounds": (X.min(0) - 1, X.max(0) + 1)}
+        for eps in (0.05, 1.0, 50.0):
+            rel = kr.release(X, y, epsilon=eps, delta=1e-6, classes=list(range(K)),
+                             adjacency=relation, **kw)
+            g = rel.gmm
+            assert rel.privacy.certified and g.weights.shape == (K,)
+            assert np.all(np.isfinite(g.means)) and np.all(np.linalg.eigvalsh(g.covariances) > 0)
+
+
+def test_post_processing_failure_falls_back_and_still_releases(iris, monkeypatch):
+    """If the estimate cannot be formed, the release still returns a valid model."""
+    p = kr.plan(iris, None, epsilon=1, delta=1e-5)
+    out = p.sample(np.random.default_rng(0))
+
+    def broken(*args, **kwargs):
+        raise np.linalg.LinAlgError("forced")
+
+    import importlib
+
+    module = importlib.import_module("klrelease.mechanisms.kl_certified")
+    monkeypatch.setattr(module, "estimate", broken)
+    g = p.finalize(out)
+    assert p.fallbacks == 1 and np.all(np.linalg.eigvalsh(g.covariances) > 0)
+
+
+def test_inferred_classes_warn_and_are_not_certified():
+    X, y = synthetic_gmm_data(N=300, K=3, d=2, seed=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rel = kr.release(X, y, epsilon=1, delta=1e-5, seed=0)
+    assert any(issubclass(w.category, PrivacyLeakWarning) for w in caught)
+    assert not rel.privacy.certified
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        rel = kr.release(X, y, epsilon=1, delta=1e-5, seed=0, classes=[0, 1, 2])
+    assert rel.privacy.certified
+
+
+def test_a_declared_class_without_rows_is_released():
+    X, y = synthetic_gmm_data(N=300, K=3, d=2, seed=5)
+    rel = kr.release(X, y, epsilon=1, delta=1e-5, classes=[0, 1, 2, 9])
+    assert rel.gmm.classes == (0, 1, 2, 9) and rel.gmm.weights[3] > 0
+
+
+def test_replace_one_needs_a_bound_and_bounds_from_data_voids_it():
+    X, y = synthetic_gmm_data(N=300, K=3, d=2, seed=5)
+    kw = dict(epsilon=1, delta=1e-5, classes=[0, 1, 2], adjacency="replace-one")
+    with pytest.raises(ValueError, match="public bound"):
+        kr.plan(X, y, **kw)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p = kr.plan(X, y, bounds_from_data=True, **kw)
+    assert not p.guarantee.certified
+    assert any(issubclass(w.category, PrivacyLeakWarning) for w in caught)
+    assert kr.plan(X, y, norm_bound=30.0, **kw).guarantee.certified
+
+
+def test_unseeded_release_uses_the_csprng(iris, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("numpy's default generator must not be used by a release")
+
+    monkeypatch.setattr(np.random, "default_rng", forbidden)
+    rel = kr.release(iris, None, epsilon=1.0, delta=1e-5)
+    assert rel.randomness.secure and rel.privacy.certified
+
+
+# ------------------------------------------------------------------------------- utility
+
+
+def _kl_sample(data, eps, relation, n, seed, **kw):
+    fit = kr.fit_gmm(data.X, data.codes)
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, data.classes)
+    p = kr.plan(data, None, epsilon=eps, delta=1e-5, adjacency=relation, **kw)
+    return kr.expected_kl(p, ref, n_draws=n, seed=seed).values
+
+
+@pytest.mark.parametrize("relation", ["label-flip", "replace-one"])
+def test_rescaling_a_feature_leaves_the_kl_distribution_unchanged(iris, relation):
+    """Equivariance: millimetres instead of metres (and the bound with them)."""
+    scale = np.array([1e3, 1.0, 1.0, 1e-3])
+    lo, hi = iris.bounds
+    scaled = kr.as_labelled_data(iris.X * scale, iris.codes, classes=range(3),
+                                 bounds=(lo * scale, hi * scale), min_class_size=0)
+    base = kr.as_labelled_data(iris.X, iris.codes, classes=range(3), bounds=iris.bounds,
+                               min_class_size=0)
+    a = _kl_sample(base, 2.0, relation, 150, 11)
+    b = _kl_sample(scaled, 2.0, relation, 150, 11)
+    # same seed, same noise: equal up to floating point (the frame absorbs the units)
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    assert stats.ks_2samp(a, _kl_sample(scaled, 2.0, relation, 150, 12)).pvalue > 1e-3
+
+
+def test_kl_falls_with_epsilon_and_beats_kl_paper_on_iris(iris):
+    ref_paper = []
+    fit = kr.fit_gmm(iris.X, iris.codes)
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, iris.classes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyLeakWarning)
+        pp = kr.plan(iris, None, epsilon=2.0, delta=1e-5, mechanism="kl-paper")
+        ref_paper = kr.expected_kl(pp, ref, n_draws=60, seed=3).mean
+    ours = [_kl_sample(iris, e, "label-flip", 60, 3).mean() for e in (0.5, 2.0)]
+    assert ours[1] < 0.5 * ours[0]
+    assert ours[1] < ref_paper
+
+
+def test_clip_ball_is_a_projection():
+    rng = np.random.default_rng(0)
+    U = rng.normal(size=(100, 4)) * 3
+    V = clip_ball(U, 2.0)
+    assert np.all(np.linalg.norm(V, axis=1) <= 2.0 + 1e-12)
+    inside = np.linalg.norm(U, axis=1) <= 2.0
+    np.testing.assert_array_equal(V[inside], U[inside])
