@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._threads import blas_single_thread
 from ..data import LabelledData
 from ..design.certified import (
     SETTINGS,
@@ -159,6 +160,7 @@ class KLCertifiedPlan(Plan):
         return S1, S2
 
     # --------------------------------------------------------------------------- the law
+    @blas_single_thread
     def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         pub = self.public
         K, d = pub.n_classes, pub.n_features
@@ -181,6 +183,7 @@ class KLCertifiedPlan(Plan):
         out["class_scatter"] = np.where(released[:, None, None], S2 + E, 0.0)
         return out
 
+    @blas_single_thread
     def log_density(self, output: dict[str, np.ndarray]) -> dict[str, float]:
         pub = self.public
         counts = np.asarray(output["counts"], dtype=float)
@@ -207,6 +210,7 @@ class KLCertifiedPlan(Plan):
                 lc = -np.inf
         return {"weights": lw, "means": lm, "covariances": lc}
 
+    @blas_single_thread
     def finalize(self, output: dict[str, np.ndarray]) -> GMM:
         try:
             w, m, c = estimate(self.public, output)
@@ -245,6 +249,7 @@ class KLCertified(Mechanism):
         "bounds_from_data": False,
     }
 
+    @blas_single_thread
     def plan(self, data: LabelledData, *, epsilon: float, delta: float,
              **options) -> KLCertifiedPlan:
         opts = check_options(self, options)
