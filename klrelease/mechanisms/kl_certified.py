@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field
 
 from ..data import LabelledData
 from ..design.certified import (
@@ -47,7 +49,7 @@ from ..neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ..privacy.accounting import Budget
 from ..privacy.discrete import DiscreteLaplace
 from ..warnings_ import PrivacyLeakWarning
-from .base import Guarantee, Mechanism, Plan, check_options
+from .base import Float, Guarantee, Mechanism, MechanismOptions, Plan, check_options
 
 __all__ = ["KLCertified", "KLCertifiedPlan", "resolve_bound", "FLOOR_FRACTION"]
 
@@ -56,6 +58,24 @@ __all__ = ["KLCertified", "KLCertifiedPlan", "resolve_bound", "FLOOR_FRACTION"]
 FLOOR_FRACTION = 4e-4
 
 ADJACENCIES = (Adjacency.LABEL_FLIP, Adjacency.REPLACE_ONE)
+
+
+class KLCertifiedOptions(MechanismOptions):
+    """Options of ``kl-certified``."""
+
+    norm_bound: Annotated[Float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        None, description="public bound on ||x||_2 (a ball; rows clipped to it)")
+    bounds_from_data: bool = Field(
+        False, description="without a public bound, read the box from the data (free under "
+        "label flip; voids the guarantee under replace-one)")
+    covariance_floor: Annotated[Float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        None, description="eigenvalue floor of released covariances (default 4e-4 x mean "
+        "squared half-width of the bound)")
+    count_share: Annotated[Float, Field(gt=0, lt=1)] | None = Field(
+        None, description="share of the budget spent on the counts")
+    covariance_share: Annotated[Float, Field(gt=0, lt=1)] | None = Field(
+        None, description="share of the Gaussian budget spent on the second moments")
+
 
 ASSUMPTIONS = (
     "Every row is clipped to the public bound before any statistic is computed.",
@@ -173,14 +193,14 @@ class KLCertified(Mechanism):
     min_class_size = 0  # never refuse on private class sizes
     summary = ("KL-minimising design from public bounds and released statistics; certified "
                "(eps, delta)-DP (recommended)")
-    options = {
-        "adjacency": Adjacency.LABEL_FLIP.value,
-        "norm_bound": None,
-        "bounds_from_data": False,
-        "covariance_floor": None,
-        "count_share": None,
-        "covariance_share": None,
-    }
+    Options = KLCertifiedOptions
+    relations = ADJACENCIES
+    certified_relations = ADJACENCIES
+
+    def certifies(self, options, public) -> bool:
+        """Certified unless, under replace-one, the bound was read from the private data."""
+        from_data = bool((public.get("bound") or {}).get("from_data"))
+        return options.adjacency == Adjacency.LABEL_FLIP or not from_data
 
     def plan(self, data: LabelledData, *, epsilon: float, delta: float,
              **options) -> KLCertifiedPlan:
