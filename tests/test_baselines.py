@@ -124,7 +124,7 @@ def test_gaussian_iid_plan_meets_delta_exactly(synthetic):
 
 
 def test_colored_public_design_matches_the_sdp_over_box_vertices(iris):
-    import solvers
+    from klrelease import solvers
     from klrelease.mechanisms._iid import resolve_common
 
     mech = get_mechanism("colored-gaussian")
@@ -138,7 +138,7 @@ def test_colored_public_design_matches_the_sdp_over_box_vertices(iris):
 
 
 def test_colored_data_design_meets_its_constraints(synthetic):
-    import solvers
+    from klrelease import solvers
     from klrelease.neighbours import class_neighbour_vectors
     from klrelease.statistics import class_statistics
 

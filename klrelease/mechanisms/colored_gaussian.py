@@ -127,7 +127,7 @@ def public_mean_noise_cov(common: Common, level: float) -> np.ndarray:
 
 
 def _data_mean_noise(common: Common, codes: np.ndarray, level: float, solver: str):
-    import solvers
+    from .. import solvers
 
     stats = common.stats
     covs, results = [], []

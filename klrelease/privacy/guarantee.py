@@ -150,6 +150,19 @@ class Guarantee:
                                    reasons=(SEEDED_REASON, *self.reasons))
 
 
+def _pld_accountant(guarantees: list[Guarantee]) -> PLDAccountant:
+    """A PLD accountant whose grid does not grow with the privacy loss.
+
+    The privacy loss of a Gaussian of whitened sensitivity mu spans about mu^2; a fixed
+    discretisation would give a grid (time and memory) growing with epsilon. The interval is
+    scaled so that the grid stays of bounded size; a coarser grid gives a pessimistic delta,
+    so the accounting stays valid.
+    """
+    spread = sum((g.curve.mu ** 2 if isinstance(g.curve, GaussianCurve) else g.epsilon)
+                 for g in guarantees)
+    return PLDAccountant(value_discretization_interval=1e-4 * max(1.0, spread))
+
+
 class BudgetExceeded(ValueError):
     """A release refused by a :class:`BudgetAccountant`."""
 
@@ -195,7 +208,7 @@ class BudgetAccountant:
         if eps <= self.epsilon * (1 + tol) and dlt <= self.delta * (1 + tol) + tol:
             return True
         events = [g.dp_event() for g in guarantees]
-        accountant = PLDAccountant()
+        accountant = _pld_accountant(guarantees)
         if not all(accountant.supports(e) for e in events):
             return False
         for e in events:
@@ -226,7 +239,7 @@ class BudgetAccountant:
 
     def total_delta_at(self, epsilon: float | None = None) -> float:
         """Delta of everything spent at ``epsilon`` (default: the total epsilon) by PLD."""
-        accountant = PLDAccountant()
+        accountant = _pld_accountant(self.spent)
         for g in self.spent:
             accountant.compose(g.dp_event())
         return float(accountant.get_delta(self.epsilon if epsilon is None else epsilon))
