@@ -18,14 +18,20 @@ from ._version import __version__
 from .artifact import Release
 from .audit import AuditReport
 from .data import LabelledData, as_labelled_data, load_dataset
+from .estimator import GMMReleaser
 from .gmm import GMM, fit_gmm
 from .kl import KLEstimate, gaussian_kl, kl_divergence
 from .mechanisms import get_mechanism, mechanisms
+from .privacy.guarantee import BudgetAccountant, BudgetExceeded, Guarantee
 from .release import expected_kl, plan, release
 
 __all__ = [
     "__version__",
     "AuditReport",
+    "BudgetAccountant",
+    "BudgetExceeded",
+    "GMMReleaser",
+    "Guarantee",
     "audit",
     "GMM",
     "KLEstimate",
