@@ -38,7 +38,7 @@ def test_sklearn_estimator_checks(estimator, check):
 def test_fitted_attributes_and_pipeline(iris):
     X = iris.X
     y = np.asarray(iris.classes, dtype=object)[iris.codes].astype(str)
-    est = GMMReleaser(epsilon=2.0, delta=1e-5, mechanism="gaussian-iid", bounds=iris.bounds,
+    est = GMMReleaser(epsilon=1e3, delta=1e-5, mechanism="gaussian-iid", bounds=iris.bounds,
                       classes=sorted(set(y)))
     pipe = make_pipeline(FunctionTransformer(), est)
     with warnings.catch_warnings():
@@ -51,10 +51,11 @@ def test_fitted_attributes_and_pipeline(iris):
     assert list(fitted.classes_) == sorted(set(y))
     proba = pipe.predict_proba(X)
     assert np.allclose(proba.sum(axis=1), 1.0)
-    assert pipe.score(X, y) > 0.5  # eps = 2 on iris keeps the classes apart
+    assert pipe.score(X, y) > 0.8  # at eps = 1000 the noise is negligible on iris
+    assert np.array_equal(pipe.predict(X), fitted.classes_[proba.argmax(axis=1)])
     Xs, ys = fitted.sample(50, random_state=1)
     assert Xs.shape == (50, 4) and set(ys) <= set(y)
-    assert est.get_params()["epsilon"] == 2.0
+    assert est.get_params()["epsilon"] == 1e3
     assert est.set_params(epsilon=3.0).epsilon == 3.0
 
 

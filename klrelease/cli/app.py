@@ -192,6 +192,10 @@ def mechanism_inputs(mechanism, option, lower, upper, norm_bound=None, classes=N
         _fail(f"{mechanism.name} does not use --lower/--upper (a public box); give "
               "--norm-bound for its record-level relations")
     mechanism.validate_options(opts)
+    if "bounds" in opts:  # a named way of choosing the box (e.g. "features")
+        if bounds is not None:
+            _fail("give --lower/--upper or --option bounds=..., not both")
+        bounds = opts.pop("bounds")
     return opts, bounds, norm_bound, classes
 
 

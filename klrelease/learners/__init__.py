@@ -11,6 +11,6 @@ covered by the same privacy proof), never an exception and never a silent fallba
 
 from __future__ import annotations
 
-from .result import LearnResult, Learner, get_learner, learn, learners, register_learner
+from .result import Learner, LearnResult, get_learner, learn, learners, register_learner
 
 __all__ = ["LearnResult", "Learner", "get_learner", "learn", "learners", "register_learner"]
