@@ -348,7 +348,7 @@ def test_readme_record_level_example_runs(tmp_path, capsys):
 def test_cli_lists_a_mechanisms_options(capsys):
     assert main(["mechanisms", "kl-certified"]) == 0
     text = capsys.readouterr().out
-    for opt, kind, _, _ in describe_options(get_mechanism("kl-certified")):
+    for opt, _kind, _, _ in describe_options(get_mechanism("kl-certified")):
         assert opt in text
     assert "true|false" in text and "label-flip" in text
 
