@@ -416,6 +416,16 @@ def test_huge_epsilon_costs_no_more_than_a_small_one(mechanism):
     assert time.perf_counter() - t0 < 5.0 and rel.privacy.certified
 
 
+def test_kl_paper_at_huge_epsilon_releases_quickly():
+    """The weight mapping's column is computed in log space (it was NaN at eps = 1e4)."""
+    X, y = _small()
+    t0 = time.perf_counter()
+    with pytest.warns(PrivacyLeakWarning):
+        rel = kr.release(X, y, epsilon=1e4, delta=1e-5, mechanism="kl-paper")
+    assert time.perf_counter() - t0 < 10.0
+    assert np.all(np.isfinite(rel.gmm.weights))
+
+
 def test_accountant_grid_does_not_grow_with_epsilon():
     X, y = _small()
     box = (np.full(2, -4.0), np.full(2, 4.0))
