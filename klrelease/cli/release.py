@@ -185,13 +185,14 @@ def list_mechanisms(
         return
     mech = get_mechanism(name)
     out_console.print(f"[bold]{mech.name}[/]: {mech.summary}", highlight=False)
-    cert = ", ".join(a.value for a in mech.certified_relations) or "none"
-    out_console.print(f"relations: {', '.join(a.value for a in mech.relations)} "
-                      f"(certified under: {cert}; some options void it, see below)",
+    cert = ", ".join(a.value for a in mech.certified_relations)
+    cert = (f"certified under {cert} with secure noise, unless an option below voids it"
+            if cert else "never certified")
+    out_console.print(f"relations: {', '.join(a.value for a in mech.relations)} ({cert})",
                       highlight=False)
     table = Table(title=f"options of {mech.name} (--option KEY=VALUE)")
     for col in ("option", "type", "default", "meaning"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for opt, kind, default, words in describe_options(mech):
         shown = "none" if default is None else (
             str(default).lower() if isinstance(default, bool) else str(default))

@@ -142,10 +142,10 @@ def describe_options(mechanism: Mechanism) -> list[tuple[str, str, Any, str]]:
 
 
 def _accepted(mechanism: Mechanism) -> str:
-    return "; ".join(
-        f"{n} ({k}, default {d if d is not None else 'none'})"
-        for n, k, d, _ in describe_options(mechanism)
-    )
+    def shown(d):
+        return "none" if d is None else (str(d).lower() if isinstance(d, bool) else d)
+
+    return "; ".join(f"{n} ({k}, default {shown(d)})" for n, k, d, _ in describe_options(mechanism))
 
 
 @dataclass

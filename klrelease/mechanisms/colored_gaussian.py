@@ -150,9 +150,10 @@ class ColoredGaussian(Mechanism):
                "certified) or 'public' (certified)")
     Options = ColoredGaussianOptions
     relations = SUPPORTED_ADJACENCIES
+    certified_relations = SUPPORTED_ADJACENCIES
 
     def certifies(self, options, public) -> bool:
-        return options.design == "public"
+        return options.design == "public" and options.adjacency in self.certified_relations
 
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> IIDPlan:
         opts = options

@@ -90,9 +90,10 @@ class LaplaceIID(Mechanism):
                "'label-flip' (certified pure DP)")
     Options = LaplaceIIDOptions
     relations = SUPPORTED_ADJACENCIES
+    certified_relations = SUPPORTED_ADJACENCIES
 
     def certifies(self, options, public) -> bool:
-        return options.variant == "label-flip"
+        return options.variant == "label-flip" and options.adjacency in self.certified_relations
 
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> IIDPlan:
         opts = options

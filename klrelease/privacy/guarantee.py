@@ -145,7 +145,8 @@ class Guarantee:
         if SEEDED_REASON in self.reasons and not self.certified:
             return self
         statement = ("NOT certified: seeded noise (an experiment, reproducible by anyone who "
-                     "knows the seed). " + self.statement)
+                     "knows the seed). With secure noise the mechanism's claim would be: "
+                     + self.statement)
         return dataclasses.replace(self, certified=False, statement=statement,
                                    reasons=(SEEDED_REASON, *self.reasons))
 
