@@ -209,11 +209,9 @@ def _load_input(dataset, csv_path, label_column, npz_path, classes=None):
         data = load_dataset(dataset)
         if classes is None:
             return data
-        y = np.asarray(data.classes, dtype=object)[data.codes]
-        return as_labelled_data(data.X, _labels_like(y, classes, data.classes),
-                                classes=_labels_like(np.asarray(classes), classes, data.classes),
-                                bounds=data.bounds, norm_bound=data.norm_bound,
-                                feature_names=data.feature_names)
+        y = np.asarray([str(c) for c in data.classes])[data.codes]
+        return as_labelled_data(data.X, y, classes=list(classes), bounds=data.bounds,
+                                norm_bound=data.norm_bound, feature_names=data.feature_names)
     if csv_path is not None:
         if label_column is None:
             _fail("--csv needs --label-column NAME")
@@ -241,9 +239,6 @@ def _classes_for(y, classes):
     return list(classes)
 
 
-def _labels_like(y, classes, known):
-    """Bundled labels as text when the classes are declared as text."""
-    return np.asarray([str(v) for v in y])
 def _one_line(message) -> str:
     return " ".join(str(message).split())
 
