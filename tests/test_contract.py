@@ -353,6 +353,13 @@ def test_cli_lists_a_mechanisms_options(capsys):
     assert "true|false" in text and "label-flip" in text
 
 
+def test_cli_option_help_is_built_from_the_declarations(capsys):
+    assert main(["release", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for name in mechanisms():
+        assert f"{name}:" in text
+
+
 def test_cli_version(capsys):
     assert main(["--version"]) == 0
     assert kr.__version__ in capsys.readouterr().out

@@ -103,6 +103,15 @@ def _parse_floats(text: str | None, name: str):
     return vals[0] if len(vals) == 1 else np.array(vals)
 
 
+def option_help() -> str:
+    """Help of ``--option``, built from the registered mechanisms' declarations."""
+    from ..mechanisms import get_mechanism, mechanisms
+
+    names = "; ".join(f"{n}: {', '.join(get_mechanism(n).options)}" for n in mechanisms())
+    return ("mechanism option KEY=VALUE (repeatable; types and defaults: 'klrelease mechanisms "
+            f"NAME'). {names}")
+
+
 #: ``--option`` keys that are public inputs of every release rather than mechanism options.
 DATA_KEYS = ("norm_bound", "classes")
 

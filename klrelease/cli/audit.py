@@ -20,6 +20,7 @@ from .app import (
     check_output,
     err_console,
     mechanism_inputs,
+    option_help,
     out_console,
 )
 
@@ -76,9 +77,7 @@ def audit_command(
     upper: Annotated[str | None, typer.Option(help="public upper bound(s), comma list")] = None,
     norm_bound: Annotated[float | None, typer.Option(help="public bound on ||x||_2")] = None,
     classes: Annotated[str | None, typer.Option(help="the public set of classes, a,b,c")] = None,
-    option: Annotated[
-        list[str] | None, typer.Option(help="mechanism option KEY=VALUE (repeatable)")
-    ] = None,
+    option: Annotated[list[str] | None, typer.Option(help=option_help())] = None,
 ):
     """Audit a mechanism's (epsilon, delta) claim on a dataset (exit 1 on a violation)."""
     from ..audit.runner import audit

@@ -19,6 +19,7 @@ from .app import (
     check_output,
     err_console,
     mechanism_inputs,
+    option_help,
     out_console,
 )
 
@@ -64,11 +65,7 @@ def release(
     lower: Annotated[str | None, typer.Option(help="public lower bound(s), comma list")] = None,
     upper: Annotated[str | None, typer.Option(help="public upper bound(s), comma list")] = None,
     norm_bound: Annotated[float | None, typer.Option(help="public bound on ||x||_2")] = None,
-    option: Annotated[
-        list[str] | None,
-        typer.Option(help="mechanism option KEY=VALUE (repeatable); list them with "
-                          "'klrelease mechanisms NAME'"),
-    ] = None,
+    option: Annotated[list[str] | None, typer.Option(help=option_help())] = None,
 ):
     """Release a differentially private GMM of a labelled dataset."""
     from .. import release as do_release
