@@ -8,7 +8,6 @@ import json
 import time
 import warnings
 from pathlib import Path
-from typing import ClassVar
 
 import dp_accounting
 import numpy as np
@@ -111,38 +110,61 @@ def test_base_class_validates_before_plan_runs():
     assert calls == [{"adjacency": "label-flip", "flag": True}]
 
 
-def test_a_new_mechanism_in_one_module_is_listed_and_releases(monkeypatch, iris, capsys):
-    """A mechanism declares its options, relations and certification in one class."""
-    from klrelease.mechanisms import _REGISTRY, register
-    from klrelease.mechanisms.gaussian_iid import GaussianIID
+TOY_MODULE = """
+from __future__ import annotations
 
-    class Toy(GaussianIID):
-        name = "toy"
-        summary = "a copy of gaussian-iid with one extra option"
-        certified_relations: ClassVar = ()
+import dataclasses
 
-        class Options(GaussianIID.Options):
-            loud: bool = False
+from klrelease.mechanisms.gaussian_iid import GaussianIID
 
-        def plan(self, data, *, epsilon, delta, loud=False, **options):
-            p = GaussianIID.plan(self, data, epsilon=epsilon, delta=delta, **options)
-            import dataclasses
 
-            p.guarantee = dataclasses.replace(p.guarantee, certified=False)
-            return p
+class Toy(GaussianIID):
+    name = "toy"
+    summary = "gaussian-iid with one extra option, never certified"
+    certified_relations = ()
 
-    monkeypatch.setitem(_REGISTRY, "toy", None)
-    del _REGISTRY["toy"]
-    register(Toy())
+    class Options(GaussianIID.Options):
+        loud: bool = False
+
+    def plan(self, data, *, epsilon, delta, loud=False, **options):
+        p = GaussianIID.plan(self, data, epsilon=epsilon, delta=delta, **options)
+        p.guarantee = dataclasses.replace(p.guarantee, certified=False)
+        return p
+"""
+
+
+def test_a_new_mechanism_in_one_module_is_listed_and_releases(monkeypatch, tmp_path, iris,
+                                                              capsys):
+    """A mechanism declares its options, relations and certification in one module."""
+    from klrelease.mechanisms import _REGISTRY, register_module
+
+    (tmp_path / "toy_mechanism.py").write_text(TOY_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
     try:
+        (toy,) = register_module("toy_mechanism")
+        assert "toy" in mechanisms() and toy.options["loud"] is False
         with pytest.warns(PrivacyLeakWarning):
             rel = kr.release(iris, None, epsilon=1, delta=1e-5, mechanism="toy", loud=True)
         assert not rel.privacy.certified and rel.settings["loud"] is True
         assert Release.from_json(rel.to_json()).settings["loud"] is True
+        with pytest.raises(ValueError, match="loud"):
+            kr.release(iris, None, epsilon=1, delta=1e-5, mechanism="toy", loud="yes")
         assert main(["mechanisms", "toy"]) == 0
         assert "loud" in capsys.readouterr().out
     finally:
         _REGISTRY.pop("toy", None)
+
+
+def test_every_module_of_the_mechanisms_package_is_discovered():
+    import pkgutil
+    from importlib import import_module
+
+    pkg = import_module("klrelease.mechanisms")  # the attribute is the function mechanisms()
+
+    modules = {m.name for m in pkgutil.iter_modules(pkg.__path__)
+               if not m.name.startswith("_") and m.name != "base"}
+    registered = {type(get_mechanism(n)).__module__.rsplit(".", 1)[-1] for n in mechanisms()}
+    assert modules == registered
 
 
 # ---------------------------------------------------------------- the guarantee object
