@@ -341,16 +341,23 @@ def test_cli_box_with_a_mechanism_that_ignores_it_is_an_error(tmp_path, capsys):
 
 
 def test_cli_declares_classes(tmp_path, capsys):
-    for args in (["--classes", "setosa,versicolor,virginica,unseen"],
-                 ["--option", "classes=setosa,versicolor,virginica,unseen"]):
-        rc, out = _release_cli(tmp_path, "--mechanism", "gaussian-iid",
-                               "--option", "min_class_size=3", *args)
-        assert rc == 2  # a declared class without rows fails gaussian-iid's class-size check
-        assert not out.exists()
-    rc, out = _release_cli(tmp_path, "--mechanism", "gaussian-iid",
-                           "--classes", "virginica,setosa,versicolor")
-    assert rc == 0
-    assert set(Release.load(out).gmm.classes) == {"setosa", "versicolor", "virginica"}
+    X, y = _small()
+    npz = tmp_path / "data.npz"
+    np.savez(npz, X=X, y=y)
+    for args in (["--classes", "0,1,2,3"], ["--option", "classes=0,1,2,3"]):
+        out = tmp_path / "r.json"
+        rc = main(["release", "--npz", str(npz), "--epsilon", "1", "--delta", "1e-5",
+                   "--mechanism", "gaussian-iid", "--lower", "-4,-4", "--upper", "4,4",
+                   "--option", "min_class_size=3", "--out", str(out), *args])
+        # a declared class without rows: gaussian-iid's public class-size bound refuses it
+        assert rc == 2 and not out.exists()
+    rc = main(["release", "--npz", str(npz), "--epsilon", "1", "--delta", "1e-5",
+               "--mechanism", "gaussian-iid", "--lower", "-4,-4", "--upper", "4,4",
+               "--classes", "2,0,1", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert set(Release.load(out).gmm.classes) == {0, 1, 2}
+    rc, out = _release_cli(tmp_path, "--classes", "a,b")
+    assert rc == 2 and "bundled dataset declares its classes" in capsys.readouterr().err
 
 
 def test_readme_record_level_example_runs(tmp_path, capsys):

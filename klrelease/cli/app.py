@@ -168,13 +168,16 @@ def parse_options(mechanism, items) -> tuple[dict, dict]:
 
 
 def parse_classes(text: str | None):
-    """``a,b,c`` as a list of class labels (None when not given)."""
+    """``--classes a,b,c``: the public set of classes (integers stay integers); None if absent."""
     if text is None:
         return None
-    labels = [c.strip() for c in text.split(",")]
-    if not all(labels):
-        _fail("--classes takes a comma-separated list of labels, e.g. --classes a,b,c")
-    return labels
+    items = [c.strip() for c in text.split(",")]
+    if not all(items):
+        _fail("--classes takes a comma-separated list of class labels, e.g. --classes a,b,c")
+    try:
+        return [int(c) for c in items]
+    except ValueError:
+        return items
 
 
 def mechanism_inputs(mechanism, option, lower, upper, norm_bound=None, classes=None):
@@ -209,18 +212,16 @@ def mechanism_inputs(mechanism, option, lower, upper, norm_bound=None, classes=N
 
 
 def _load_input(dataset, csv_path, label_column, npz_path, classes=None):
+    """The labelled data of one input; ``classes`` is the declared set of classes."""
     from ..data import as_labelled_data, load_csv, load_dataset, load_npz
 
     given = [x is not None for x in (dataset, csv_path, npz_path)]
     if sum(given) != 1:
         _fail("give exactly one input: --dataset NAME, --csv FILE or --npz FILE")
     if dataset is not None:
-        data = load_dataset(dataset)
-        if classes is None:
-            return data
-        y = np.asarray([str(c) for c in data.classes])[data.codes]
-        return as_labelled_data(data.X, y, classes=list(classes), bounds=data.bounds,
-                                norm_bound=data.norm_bound, feature_names=data.feature_names)
+        if classes is not None:
+            _fail("--classes goes with --csv or --npz; a bundled dataset declares its classes")
+        return load_dataset(dataset)
     if csv_path is not None:
         if label_column is None:
             _fail("--csv needs --label-column NAME")
@@ -231,21 +232,18 @@ def _load_input(dataset, csv_path, label_column, npz_path, classes=None):
 
 
 def _classes_for(y, classes):
-    """Declared class labels (text) in the type of the labels ``y``."""
+    """Declared class labels in the type of the labels ``y``."""
     if classes is None:
         return None
-    y = np.asarray(y)
-    if y.dtype.kind in "iub":
-        try:
+    kind = np.asarray(y).dtype.kind
+    try:
+        if kind in "iub":
             return [int(c) for c in classes]
-        except ValueError:
-            _fail("--classes must list integer labels for this input")
-    if y.dtype.kind == "f":
-        try:
+        if kind == "f":
             return [float(c) for c in classes]
-        except ValueError:
-            _fail("--classes must list numeric labels for this input")
-    return list(classes)
+    except ValueError:
+        _fail("--classes must list numeric labels for this input")
+    return [str(c) for c in classes]
 
 
 def _one_line(message) -> str:
