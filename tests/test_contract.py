@@ -506,3 +506,18 @@ def test_nothing_imports_the_test_suite_or_edits_sys_path():
             text = path.read_text()
             assert "sys.path.insert" not in text, path
             assert "from conftest" not in text, path
+
+
+def test_one_generator_of_the_synthetic_setting():
+    """Tests, the solver study and the figure experiments draw the same data for one seed."""
+    from conftest import synthetic_gmm_data
+
+    from klrelease.experiments import SyntheticSetting, draw_synthetic
+    from klrelease.solvers.synthetic import gmm_data
+
+    a = draw_synthetic(SyntheticSetting(n_samples=300, n_classes=4, n_features=2),
+                       np.random.default_rng(11))
+    X1, y1 = synthetic_gmm_data(N=300, K=4, d=2, seed=11)
+    X2, y2 = gmm_data(300, 2, 4, seed=11)
+    for X, y in ((X1, y1), (X2, y2)):
+        assert np.array_equal(X, a.X) and np.array_equal(y, a.y)
