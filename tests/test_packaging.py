@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -46,12 +47,15 @@ def test_wheel_contents(wheel):
 
 
 def test_wheel_installs_and_runs_in_a_fresh_venv(wheel, tmp_path):
+    # the installed wheel only: no source tree on the path
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
                    check=True, timeout=120)
     py = venv / "bin" / "python"
     subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                    "--disable-pip-version-check", str(wheel)], check=True, timeout=120)
+                    "--ignore-installed", "--disable-pip-version-check", str(wheel)],
+                   check=True, timeout=120, env=env)
     code = (
         "import importlib.metadata as md, klrelease, klrelease.solvers, warnings;"
         "files = [str(f) for f in md.distribution('klrelease').files];"
@@ -62,11 +66,11 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(wheel, tmp_path):
         " mechanism='gaussian-iid'); print(rel.privacy.certified)"
     )
     res = subprocess.run([str(py), "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     first, second, certified = res.stdout.split()
     assert first.startswith(str(venv)) and second.startswith(str(venv))
     assert certified == "True"
     res = subprocess.run([str(venv / "bin" / "klrelease"), "--version"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 0 and res.stdout.startswith("klrelease ")
