@@ -10,7 +10,10 @@ The pipeline, one module per step:
 
 Mechanisms (:mod:`klrelease.mechanisms`) combine these; :func:`release` runs one and returns a
 versioned :class:`Release` artifact. Only a release whose ``privacy.certified`` is true carries a
-proven guarantee.
+proven guarantee; every other release warns with
+:class:`~klrelease.warnings_.PrivacyLeakWarning`, and a seeded release is never certified.
+:class:`BudgetAccountant` keeps a data owner's total budget across releases, and
+:class:`GMMReleaser` is the scikit-learn estimator around :func:`release`.
 """
 
 from . import audit  # a callable module: klrelease.audit(mechanism, X, y, ...)

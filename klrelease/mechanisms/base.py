@@ -13,6 +13,13 @@ A mechanism turns a dataset into a :class:`Plan`: everything that is fixed befor
 Splitting design from sampling lets experiments estimate E[KL] by Monte Carlo without
 re-solving, and lets the audit recompute the design on a neighbouring dataset exactly as the
 mechanism would.
+
+The contract of a mechanism is declared, not written as prose: its options are a typed
+:class:`MechanismOptions` model (validated once, strictly, by the base class before
+:meth:`Mechanism.plan` runs), it lists the neighbouring relations it implements and under
+which the release is certified, and :meth:`Mechanism.certifies` recomputes the certified flag
+from the options and the plan's public description, so that an artifact's claim is never
+taken on trust. The claim itself is a :class:`~klrelease.privacy.guarantee.Guarantee`.
 """
 
 from __future__ import annotations
@@ -93,13 +100,9 @@ def _type_words(annotation: Any) -> str:
         words = _type_words(base)
         bounds = []
         for m in meta:
-            for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
-                v = getattr(m, attr, None)
-                if v is not None:
-                    bounds.append(f"{sym} {v:g}" if isinstance(v, float) else f"{sym} {v}")
-            for sub in getattr(m, "metadata", ()):
+            for c in (m, *getattr(m, "metadata", ())):  # a constraint, or a Field's constraints
                 for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
-                    v = getattr(sub, attr, None)
+                    v = getattr(c, attr, None)
                     if v is not None:
                         bounds.append(f"{sym} {v:g}" if isinstance(v, float) else f"{sym} {v}")
         return f"{words} {' and '.join(bounds)}" if bounds else words
