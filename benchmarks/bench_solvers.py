@@ -20,14 +20,11 @@ import subprocess
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from solvers import mean_noise_sdp  # noqa: E402
-from solvers.synthetic import class_problems, gmm_data  # noqa: E402
+from klrelease.solvers import mean_noise_sdp
+from klrelease.solvers.synthetic import class_problems, gmm_data
 
 
 def timed(A, V, repeats, **kw):

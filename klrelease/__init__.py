@@ -10,7 +10,10 @@ The pipeline, one module per step:
 
 Mechanisms (:mod:`klrelease.mechanisms`) combine these; :func:`release` runs one and returns a
 versioned :class:`Release` artifact. Only a release whose ``privacy.certified`` is true carries a
-proven guarantee.
+proven guarantee; every other release warns with
+:class:`~klrelease.warnings_.PrivacyLeakWarning`, and a seeded release is never certified.
+:class:`BudgetAccountant` keeps a data owner's total budget across releases, and
+:class:`GMMReleaser` is the scikit-learn estimator around :func:`release`.
 """
 
 from . import audit  # a callable module: klrelease.audit(mechanism, X, y, ...)
@@ -18,14 +21,20 @@ from ._version import __version__
 from .artifact import Release
 from .audit import AuditReport
 from .data import LabelledData, as_labelled_data, load_dataset
+from .estimator import GMMReleaser
 from .gmm import GMM, fit_gmm
 from .kl import KLEstimate, gaussian_kl, kl_divergence
 from .mechanisms import get_mechanism, mechanisms
+from .privacy.guarantee import BudgetAccountant, BudgetExceeded, Guarantee
 from .release import expected_kl, plan, release
 
 __all__ = [
     "__version__",
     "AuditReport",
+    "BudgetAccountant",
+    "BudgetExceeded",
+    "GMMReleaser",
+    "Guarantee",
     "audit",
     "GMM",
     "KLEstimate",

@@ -4,6 +4,14 @@ It holds the released GMM, the privacy claim in words a data owner can act on, t
 options, which solver ran, the library version and how the randomness was seeded. It holds no
 exact statistic of the private data: no true counts, means or covariances, no design values
 computed from them (noise covariances, Wishart scales, objective values).
+
+An artifact is validated when it is built or loaded: unknown fields are rejected; the weights
+lie on the simplex and every covariance is symmetric positive definite; epsilon > 0 and
+0 <= delta < 1 (0 for a pure-DP claim); the feature names match the dimension; the mechanism is
+registered and its settings (the validated options) are valid. The ``certified`` flag is not
+trusted: it is recomputed from the mechanism, its settings and how the noise was drawn (a
+seeded release is never certified), and an artifact whose flag disagrees is refused as a
+tampered claim.
 """
 
 from __future__ import annotations
@@ -12,14 +20,24 @@ import platform
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    model_validator,
+)
 
 from ._version import __version__
 from .gmm import GMM
+from .neighbours import Adjacency
 
 __all__ = ["Release", "PrivacyBlock", "SolverBlock", "RandomnessBlock", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "2.0"
 
 
 def _gmm_from_any(value: Any) -> GMM:
@@ -36,6 +54,21 @@ def _gmm_from_any(value: Any) -> GMM:
         except KeyError as exc:
             raise ValueError(f"gmm is missing {exc.args[0]!r}") from None
     raise ValueError("gmm must be a GMM or a mapping with weights, means, covariances")
+
+
+def _check_gmm(g: GMM) -> GMM:
+    """Covariances symmetric positive definite, class labels distinct."""
+    c = g.covariances
+    scale = max(float(np.max(np.abs(c))), 1.0)
+    if np.max(np.abs(c - np.swapaxes(c, -1, -2))) > 1e-9 * scale:
+        raise ValueError("covariances must be symmetric")
+    try:
+        np.linalg.cholesky(c)
+    except np.linalg.LinAlgError:
+        raise ValueError("covariances must be positive definite") from None
+    if len(set(map(str, g.classes))) != len(g.classes):
+        raise ValueError("class labels must be distinct")
+    return g
 
 
 def _gmm_to_dict(g: GMM) -> dict:
@@ -64,6 +97,7 @@ _GMM_SCHEMA = {
 GMMField = Annotated[
     GMM,
     BeforeValidator(_gmm_from_any),
+    AfterValidator(_check_gmm),
     PlainSerializer(_gmm_to_dict, return_type=dict),
     WithJsonSchema(_GMM_SCHEMA),
 ]
@@ -72,11 +106,11 @@ GMMField = Annotated[
 class PrivacyBlock(BaseModel):
     """The privacy claim of a release."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    epsilon: float
-    delta: float
-    neighbouring: str = Field(description="the neighbouring relation the claim is about")
+    epsilon: float = Field(gt=0, allow_inf_nan=False)
+    delta: float = Field(ge=0, lt=1, description="0 for a pure-DP claim")
+    neighbouring: Adjacency = Field(description="the neighbouring relation the claim is about")
     certified: bool = Field(description="true only if the guarantee is proven and audited")
     statement: str
     reasons: list[str] = Field(default_factory=list)
@@ -86,7 +120,7 @@ class PrivacyBlock(BaseModel):
 class SolverBlock(BaseModel):
     """Which SDP backend designed the noise, and how it ended."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     solver: str
     status: str
@@ -97,7 +131,7 @@ class SolverBlock(BaseModel):
 class RandomnessBlock(BaseModel):
     """How the noise was drawn."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     secure: bool = Field(description="true when drawn from a CSPRNG (unseeded release)")
     seed: int | None = None
@@ -107,7 +141,7 @@ class RandomnessBlock(BaseModel):
 class Release(BaseModel):
     """A differentially private (or, where stated, uncertified) GMM release."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="forbid")
 
     schema_version: str = SCHEMA_VERSION
     library_version: str = __version__
@@ -116,9 +150,35 @@ class Release(BaseModel):
     gmm: GMMField
     feature_names: list[str] = Field(default_factory=list)
     privacy: PrivacyBlock
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="the mechanism's public description")
+    settings: dict[str, Any] = Field(description="the validated mechanism options")
     solver: SolverBlock | None = None
     randomness: RandomnessBlock
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Release:
+        from .mechanisms import get_mechanism
+
+        d = self.gmm.n_features
+        if self.feature_names and len(self.feature_names) != d:
+            raise ValueError(f"feature_names has {len(self.feature_names)} names for {d} "
+                             "features")
+        if self.randomness.secure and self.randomness.seed is not None:
+            raise ValueError("randomness: a secure release has no seed")
+        mech = get_mechanism(self.mechanism)
+        opts = mech.validate_options(self.settings)
+        if opts.adjacency != self.privacy.neighbouring:
+            raise ValueError("privacy: the neighbouring relation does not match the settings")
+        expected = self.randomness.secure and mech.certifies(opts, self.options)
+        if self.privacy.certified != expected:
+            raise ValueError(
+                f"tampered privacy claim: the artifact says certified={self.privacy.certified}"
+                f", but {self.mechanism} with these settings and "
+                f"{'secure' if self.randomness.secure else 'seeded'} noise is "
+                f"{'certified' if expected else 'NOT certified'}"
+            )
+        return self
 
     def to_json(self, *, indent: int | None = 2) -> str:
         """The artifact as a JSON string."""
@@ -127,22 +187,27 @@ class Release(BaseModel):
     @classmethod
     def from_json(cls, text: str | bytes) -> Release:
         """Read an artifact written by :meth:`to_json` (checks the schema version)."""
+        import json
+
         from pydantic import ValidationError
 
         try:
-            obj = cls.model_validate_json(text)
+            doc = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError("not a valid klrelease artifact (not JSON)") from None
+        version = doc.get("schema_version") if isinstance(doc, dict) else None
+        if not isinstance(version, str) or version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+            raise ValueError(
+                f"artifact schema {version!r} is not readable by this version "
+                f"(schema {SCHEMA_VERSION})"
+            )
+        try:
+            return cls.model_validate_json(text)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(x) for x in first.get("loc", ())) or "document"
-            raise ValueError(
-                f"not a valid klrelease artifact ({where}: {first.get('msg', 'invalid')})"
-            ) from None
-        if obj.schema_version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
-            raise ValueError(
-                f"artifact schema {obj.schema_version} is not readable by this version "
-                f"(schema {SCHEMA_VERSION})"
-            )
-        return obj
+            msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+            raise ValueError(f"not a valid klrelease artifact ({where}: {msg})") from None
 
     def save(self, path) -> None:
         """Write the artifact to ``path``."""
@@ -168,5 +233,5 @@ class Release(BaseModel):
         g = self.gmm
         return (
             f"{self.mechanism}: K={g.n_components} classes, d={g.n_features} features, "
-            f"epsilon={p.epsilon:g}, delta={p.delta:g}, {p.neighbouring} adjacency, {cert}"
+            f"epsilon={p.epsilon:g}, delta={p.delta:g}, {p.neighbouring.value} adjacency, {cert}"
         )

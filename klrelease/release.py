@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy as np
 
@@ -10,7 +11,9 @@ from .artifact import PrivacyBlock, RandomnessBlock, Release, SolverBlock
 from .data import as_labelled_data, check_privacy_parameters
 from .kl import KLEstimate, monte_carlo_kl
 from .mechanisms import Plan, get_mechanism
+from .privacy.guarantee import BudgetAccountant
 from .rng import make_rng
+from .warnings_ import PrivacyLeakWarning
 
 __all__ = ["plan", "release", "expected_kl"]
 
@@ -20,19 +23,39 @@ log = logging.getLogger("klrelease")
 def _bounds_option(bounds, options: dict):
     """A named way of choosing bounds (e.g. ``"features"``) is a mechanism option."""
     if isinstance(bounds, str):
+        if "bounds" in options:
+            raise ValueError("bounds is given twice (as an argument and as an option)")
         options["bounds"] = bounds
         return None
     return bounds
 
 
 def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, options):
-    """Validate everything, then design the mechanism: (validated data, plan)."""
+    """Validate everything, then design the mechanism: (validated data, plan, options).
+
+    The order is fixed: privacy parameters, mechanism and options (public inputs) first, then
+    the data, then the design. The plan's certified flag must agree with the mechanism's
+    declaration (:meth:`~klrelease.mechanisms.Mechanism.certifies`).
+    """
     eps, dlt = check_privacy_parameters(epsilon, delta)
     mech = get_mechanism(mechanism)
+    options = dict(options)
     bounds = _bounds_option(bounds, options)
+    opts = mech.validate_options(options)
+    if bounds is not None and not mech.uses_box:
+        raise ValueError(
+            f"{mech.name} does not use a public box of feature bounds (bounds=/--lower/--upper); "
+            "give norm_bound= for its record-level relations instead"
+        )
     data = as_labelled_data(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound,
                             min_class_size=mech.min_class_size)
-    return data, mech.plan(data, epsilon=eps, delta=dlt, **options)
+    p = mech.plan(data, epsilon=eps, delta=dlt, **opts.as_dict())
+    declared = mech.certifies(opts, p.public_options)
+    if bool(p.guarantee.certified) != bool(declared):
+        raise RuntimeError(
+            f"{mech.name}: the plan's certified flag disagrees with the mechanism's declaration"
+        )
+    return data, p, opts
 
 
 def plan(
@@ -66,6 +89,7 @@ def release(
     classes=None,
     bounds=None,
     norm_bound: float | None = None,
+    accountant: BudgetAccountant | None = None,
     **options,
 ) -> Release:
     """Release a labelled GMM of ``(X, y)`` with the named mechanism.
@@ -91,19 +115,36 @@ def release(
         Public bounds on the features (a box, or a bound on ``||x||_2``). ``bounds`` may also
         name a mechanism's own way of choosing them, passed on as its option ``bounds``
         (``"features"``: under label-flip adjacency, the box spanned by the public features).
+    accountant : BudgetAccountant, optional
+        The data owner's budget across releases: the release is refused (before any noise is
+        drawn) if its claim is not certified or would exceed the total, and spent otherwise.
     **options
-        Mechanism options (see ``get_mechanism(name).options``).
+        Mechanism options, validated against ``get_mechanism(name).Options`` (list them with
+        ``klrelease mechanisms NAME``).
 
     Returns
     -------
     Release
         The artifact; ``release.gmm`` is the released :class:`~klrelease.gmm.GMM` and
-        ``release.privacy`` states the claim and whether it is certified.
+        ``release.privacy`` states the claim and whether it is certified. A seeded release is
+        never certified.
+
+    Warns
+    -----
+    PrivacyLeakWarning
+        Whenever the release is not certified (an uncertified mechanism or options, or a seed).
     """
-    data, p = _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, options)
-    src = make_rng(seed)
+    src = make_rng(seed)  # a bad seed is an input error: before anything is computed
+    data, p, opts = _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound,
+                            options)
+    g = p.guarantee if src.secure else p.guarantee.seeded()
+    if accountant is not None:
+        accountant.check(g)
     gmm = p.draw(src.generator)
-    g = p.guarantee
+    if accountant is not None:
+        accountant.spend(g)
+    if not g.certified:
+        warnings.warn(f"{p.mechanism}: {g.statement}", PrivacyLeakWarning, stacklevel=2)
     solver = None
     if p.solver is not None:
         solver = SolverBlock(solver=p.solver.solver, status=p.solver.status,
@@ -120,6 +161,7 @@ def release(
             accounting=g.accounting,
         ),
         options=p.public_options,
+        settings=opts.as_dict(),
         solver=solver,
         randomness=RandomnessBlock(secure=src.secure, seed=src.seed, note=note),
     )

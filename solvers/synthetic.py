@@ -11,13 +11,15 @@ leaves ``mu_k`` unchanged. The SDP weight is ``A = Sigma_k^{-1}``.
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import wishart
 
 __all__ = ["class_problems", "gmm_data"]
 
 
 def gmm_data(n: int, d: int, k: int, seed=None, *, min_class: int | None = None):
     """Draw ``n`` labelled points in ``d`` dimensions from a random ``k``-class mixture.
+
+    The library's generator of the synthetic setting
+    (:func:`klrelease.experiments.synthetic_data`), in this module's argument order.
 
     Parameters
     ----------
@@ -26,8 +28,7 @@ def gmm_data(n: int, d: int, k: int, seed=None, *, min_class: int | None = None)
     seed : int or numpy Generator, optional
         Randomness.
     min_class : int, optional
-        Smallest class size (default ``d + 2``, so every class covariance is invertible);
-        the class weights are redrawn until the multinomial counts reach it.
+        Smallest class size (default ``d + 2``, so every class covariance is invertible).
 
     Returns
     -------
@@ -35,24 +36,9 @@ def gmm_data(n: int, d: int, k: int, seed=None, *, min_class: int | None = None)
     y : ndarray of shape (n,)
         Labels in ``0..k-1``.
     """
-    rng = np.random.default_rng(seed)
-    min_class = d + 2 if min_class is None else min_class
-    if n < k * min_class:
-        raise ValueError("n is too small for k classes of the requested minimum size")
-    while True:
-        counts = rng.multinomial(n, rng.dirichlet(np.ones(k)))
-        if counts.min() >= min_class:
-            break
-    means = rng.uniform(-10.0, 10.0, size=(k, d))
-    covs = wishart(df=d + 1, scale=np.eye(d)).rvs(size=k, random_state=rng)
-    covs = np.asarray(covs).reshape(k, d, d)
-    y = np.repeat(np.arange(k), counts)
-    X = np.empty((n, d))
-    for c in range(k):
-        idx = y == c
-        X[idx] = rng.multivariate_normal(means[c], covs[c], size=counts[c], method="cholesky")
-    perm = rng.permutation(n)
-    return X[perm], y[perm]
+    from ..experiments.synthetic import synthetic_data
+
+    return synthetic_data(n, k, d, seed, min_class_size=min_class)
 
 
 def class_problems(X: np.ndarray, y: np.ndarray):

@@ -193,7 +193,7 @@ def test_inferred_classes_warn_and_are_not_certified():
     assert not rel.privacy.certified
     with warnings.catch_warnings():
         warnings.simplefilter("error", PrivacyLeakWarning)
-        rel = kr.release(X, y, epsilon=1, delta=1e-5, seed=0, classes=[0, 1, 2])
+        rel = kr.release(X, y, epsilon=1, delta=1e-5, classes=[0, 1, 2])
     assert rel.privacy.certified
 
 

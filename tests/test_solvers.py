@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import solvers
-from solvers import (
+from klrelease import solvers
+from klrelease.solvers import (
     SDPResult,
     SolverFailed,
     SolverUnavailable,
@@ -23,9 +23,9 @@ from solvers import (
     max_violation,
     mean_noise_sdp,
 )
-from solvers.backends import BACKENDS
-from solvers.backends import mosek as mosek_backend
-from solvers.synthetic import class_problems, gmm_data
+from klrelease.solvers.backends import BACKENDS
+from klrelease.solvers.backends import mosek as mosek_backend
+from klrelease.solvers.synthetic import class_problems, gmm_data
 
 REL = 1e-6  # agreement asked of every backend (objective, relative)
 EXACT_BACKENDS = ["native", "clarabel", "scs", "mosek"]

@@ -45,12 +45,11 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-import solvers  # noqa: E402
-from solvers import max_violation, mean_noise_sdp  # noqa: E402
-from solvers.backends import mosek as mosek_backend  # noqa: E402
-from solvers.synthetic import class_problems, gmm_data  # noqa: E402
+from klrelease import solvers  # noqa: E402
+from klrelease.solvers import max_violation, mean_noise_sdp  # noqa: E402
+from klrelease.solvers.backends import mosek as mosek_backend  # noqa: E402
+from klrelease.solvers.synthetic import class_problems, gmm_data  # noqa: E402
 
 FULL_N = [100, 1_000, 10_000, 100_000]
 FULL_D = [1, 2, 3, 5, 10, 20]

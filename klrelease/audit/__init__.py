@@ -5,7 +5,7 @@
 * :mod:`.neighbours`    which neighbouring datasets to examine (all, or an extreme-point search);
 * :mod:`.report`        the :class:`AuditReport`;
 * :mod:`.runner`        :func:`audit`, which ties them together;
-* :mod:`.cli`           the ``klrelease audit`` command.
+* :mod:`klrelease.cli.audit` the ``klrelease audit`` command.
 
 The module itself is callable: ``klrelease.audit(mechanism, X, y, epsilon=..., delta=...)`` is
 :func:`klrelease.audit.runner.audit`.

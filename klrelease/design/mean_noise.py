@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import solvers
-
+from .. import solvers
 from ..neighbours import Adjacency, class_neighbour_vectors
 from ..statistics import ClassStatistics
 

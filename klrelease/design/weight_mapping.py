@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import logsumexp
 
 from ..sampling import uniform_composition
 from .objective import log_num_compositions
@@ -37,11 +38,13 @@ def mapping_column(g: np.ndarray, eps0: float, n_neighbours: int) -> tuple[np.nd
     n_neighbours : |S'(D)|.
     """
     g = np.asarray(g, dtype=float)
-    high = 1.0 / (1.0 + n_neighbours * np.exp(eps0))
-    low = 1.0 / (1.0 + n_neighbours * np.exp(-eps0))
-    col = np.where(g >= 0, high, low)
-    total = float(col.sum())
-    return col / total, total
+    # in log space: 1 / (1 + n e^{+-eps0}) neither overflows nor vanishes for large eps0
+    log_n = np.log(n_neighbours)
+    log_high = -np.logaddexp(0.0, log_n + eps0)
+    log_low = -np.logaddexp(0.0, log_n - eps0)
+    log_col = np.where(g >= 0, log_high, log_low)
+    log_total = float(logsumexp(log_col))
+    return np.exp(log_col - log_total), float(np.exp(log_total))
 
 
 def mapping_matrix(g: np.ndarray, eps0: float, n_neighbours: int) -> np.ndarray:

@@ -9,7 +9,7 @@ time (:mod:`.run`). The settings of each figure are in :mod:`.settings`.
 
 from .run import ExperimentResult, run_experiment
 from .settings import EXPERIMENTS, Experiment, MechanismSpec, SyntheticSetting, get_experiment
-from .synthetic import SyntheticData, draw_synthetic
+from .synthetic import SyntheticData, draw_synthetic, synthetic_data
 
 __all__ = [
     "EXPERIMENTS",
@@ -19,6 +19,7 @@ __all__ = [
     "SyntheticData",
     "SyntheticSetting",
     "draw_synthetic",
+    "synthetic_data",
     "get_experiment",
     "run_experiment",
 ]

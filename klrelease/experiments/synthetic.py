@@ -7,6 +7,10 @@ of points (:class:`~klrelease.experiments.settings.SyntheticSetting`): the class
 ``m + Multinomial(N - K m, weights)``. The floor changes the class sizes only when a weight is
 tiny (for K = 5, N = 1000, d = 3 it adds 25 of the 1000 labels); the points themselves are
 always drawn from their class's component.
+
+This is the one generator of the synthetic setting: the figure experiments, the test suite,
+the benchmarks and the solver study all draw from :func:`draw_synthetic` (directly or through
+:func:`synthetic_data`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import numpy as np
 
 from .settings import SyntheticSetting
 
-__all__ = ["SyntheticData", "draw_synthetic"]
+__all__ = ["SyntheticData", "draw_synthetic", "synthetic_data"]
 
 
 @dataclass(frozen=True)
@@ -62,3 +66,23 @@ def draw_synthetic(setting: SyntheticSetting, rng: np.random.Generator) -> Synth
     z = rng.standard_normal((N, d))
     X = means[y] + np.einsum("nij,nj->ni", chol[y], z)
     return SyntheticData(X=X, y=y, weights=weights, means=means, covariances=covs)
+
+
+def synthetic_data(n_samples: int = 1000, n_classes: int = 5, n_features: int = 3, seed=42, *,
+                   min_class_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(X, y)`` of :func:`draw_synthetic` for one setting and seed.
+
+    Parameters
+    ----------
+    n_samples, n_classes, n_features : int
+        N, K, d (the defaults are the paper's N = 1000, K = 5, d = 3).
+    seed : int or numpy Generator
+        The randomness (a fixed seed reproduces the data).
+    min_class_size : int, optional
+        Rows every class holds at least (default d + 2).
+    """
+    setting = SyntheticSetting(n_samples=n_samples, n_classes=n_classes,
+                               n_features=n_features, min_class_size=min_class_size)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    data = draw_synthetic(setting, rng)
+    return data.X, data.y

@@ -1,8 +1,11 @@
 """The registry of release mechanisms.
 
 ``mechanisms()`` lists the registered names; ``get_mechanism(name)`` returns the mechanism.
-A new mechanism subclasses :class:`~klrelease.mechanisms.base.Mechanism` and is registered with
-:func:`register`.
+A new mechanism is one module of this package defining a concrete subclass of
+:class:`~klrelease.mechanisms.base.Mechanism` (its name, typed ``Options``, relations and
+certification): every module here is discovered and its mechanisms registered. Other
+distributions register theirs through the ``klrelease.mechanisms`` entry-point group (a
+mechanism class, instance or module), or at run time with :func:`register`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ __all__ = [
     "get_mechanism",
     "mechanisms",
     "register",
+    "register_module",
 ]
 
 _REGISTRY: dict[str, Mechanism] = {}
@@ -46,26 +50,51 @@ def get_mechanism(name: str) -> Mechanism:
         ) from None
 
 
-from . import kl_paper as _kl_paper  # noqa: E402  (registers itself)
+#: Built-in mechanism modules, in listing order; any other module of this package is
+#: discovered after them, so a new mechanism is one module here and nothing else.
+BUILTIN_MODULES = ("kl_paper", "gaussian_iid", "laplace_iid", "colored_gaussian",
+                   "kl_certified", "r1smg")
 
-register(_kl_paper.KLPaper())
+#: Entry-point group through which other distributions register mechanisms.
+ENTRY_POINT_GROUP = "klrelease.mechanisms"
 
-from . import gaussian_iid as _gaussian_iid  # noqa: E402
 
-register(_gaussian_iid.GaussianIID())
+def register_module(module) -> list[Mechanism]:
+    """Register every concrete :class:`Mechanism` subclass defined in ``module``.
 
-from . import laplace_iid as _laplace_iid  # noqa: E402
+    ``module`` is a module object or an importable name. Returns the registered instances.
+    """
+    import inspect
+    from importlib import import_module
 
-register(_laplace_iid.LaplaceIID())
+    if isinstance(module, str):
+        module = import_module(module)
+    found = []
+    for obj in vars(module).values():
+        if (isinstance(obj, type) and issubclass(obj, Mechanism)
+                and obj.__module__ == module.__name__ and not inspect.isabstract(obj)
+                and isinstance(getattr(obj, "name", None), str)):
+            found.append(register(obj()))
+    return found
 
-from . import colored_gaussian as _colored_gaussian  # noqa: E402
 
-register(_colored_gaussian.ColoredGaussian())
+def _discover() -> None:
+    import pkgutil
+    from importlib.metadata import entry_points
 
-from . import kl_certified as _kl_certified  # noqa: E402
+    names = {m.name for m in pkgutil.iter_modules(__path__)
+             if not m.name.startswith("_") and m.name != "base"}
+    order = [n for n in BUILTIN_MODULES if n in names] + sorted(names - set(BUILTIN_MODULES))
+    for name in order:
+        register_module(f"{__name__}.{name}")
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        obj = ep.load()
+        if isinstance(obj, Mechanism):
+            register(obj)
+        elif isinstance(obj, type) and issubclass(obj, Mechanism):
+            register(obj())
+        else:
+            register_module(obj)
 
-register(_kl_certified.KLCertified())
 
-from . import r1smg as _r1smg  # noqa: E402
-
-register(_r1smg.R1SMG())
+_discover()

@@ -41,9 +41,10 @@ datasets of a neighbouring pair). The message never states a count.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import Field, PositiveFloat
 
 from ..data import LabelledData
 from ..gmm import GMM
@@ -51,9 +52,10 @@ from ..neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ..privacy.projections import project_simplex, round_to_grid
 from ..sensitivity import covariance_trace_bound
 from ..statistics import ClassStatistics, class_statistics, clip_to_bounds, clip_to_norm
-from .base import Plan
+from .base import Float, Int, MechanismOptions, Plan
 
 __all__ = [
+    "BaselineOptions",
     "COMMON_OPTIONS",
     "DEFAULT_SHARES",
     "PublicDomain",
@@ -72,16 +74,25 @@ DEFAULT_SHARES = (0.04 / 0.9, 0.16 / 0.9, 0.70 / 0.9)
 #: Relative size of the default covariance floor: ``1e-4 * mean_i r_i^2`` for ranges r.
 COV_FLOOR_FACTOR = 1e-4
 
+class BaselineOptions(MechanismOptions):
+    """Options every baseline accepts."""
+
+    bounds: Literal["features"] | None = Field(
+        None, description="'features': the bounding box of the public features (label flip "
+        "only); a public box is given as bounds=(lower, upper) to release()")
+    min_class_size: Annotated[Int, Field(ge=3)] | None = Field(
+        None, description="public lower bound on every class size (default max(3, d + 1))")
+    budget_shares: tuple[PositiveFloat, PositiveFloat, PositiveFloat] | None = Field(
+        None, strict=False, description="shares of weights, means, covariances")
+    grid_weights: bool = Field(False, description="round released weights to multiples of 1/N")
+    covariance_floor: Annotated[Float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        None, description="eigenvalue floor of released covariances (default 1e-4 x mean "
+        "squared range)")
+    project: bool = Field(True, description="project means and covariances onto the domain")
+
+
 #: Options every baseline accepts, with their defaults.
-COMMON_OPTIONS: dict[str, Any] = {
-    "adjacency": Adjacency.LABEL_FLIP.value,
-    "bounds": None,
-    "min_class_size": None,
-    "budget_shares": None,
-    "grid_weights": False,
-    "cov_floor": None,
-    "project": True,
-}
+COMMON_OPTIONS: dict[str, Any] = BaselineOptions().as_dict()
 
 SUPPORTED_ADJACENCIES = (Adjacency.LABEL_FLIP, Adjacency.REPLACE_ONE)
 
@@ -239,13 +250,13 @@ def resolve_common(data: LabelledData, opts: dict, mechanism: str, *,
                          "(weights, means, covariances)")
     shares = tuple(float(s) for s in shares / shares.sum())
 
-    floor = opts["cov_floor"]
+    floor = opts["covariance_floor"]
     if floor is None:
         floor = domain.default_cov_floor()
     else:
         floor = float(floor)
         if not np.isfinite(floor) or floor <= 0:
-            raise ValueError(f"cov_floor must be a finite number > 0, got {opts['cov_floor']!r}")
+            raise ValueError("covariance_floor must be a finite number > 0")
 
     X = domain.clip(data.X)
     stats = class_statistics(X, data.codes, data.n_classes)
@@ -270,10 +281,10 @@ def public_common(common: Common, opts: dict) -> dict[str, Any]:
         out["upper"] = dom.upper.tolist()
     elif dom.source == "public norm bound":
         out["norm_bound"] = dom.radius
-    if opts["cov_floor"] is not None:
-        out["cov_floor"] = common.cov_floor
+    if opts["covariance_floor"] is not None:
+        out["covariance_floor"] = common.cov_floor
     else:
-        out["cov_floor"] = "1e-4 x mean squared range of the domain"
+        out["covariance_floor"] = "1e-4 x mean squared range of the domain"
     return out
 
 

@@ -51,22 +51,43 @@ Option ``design``:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
 from ..data import LabelledData
 from ..design.mean_noise import SolverReport
 from ..neighbours import Adjacency, class_neighbour_vectors
 from ..privacy.calibration import gaussian_max_sensitivity
+from ..privacy.guarantee import GaussianCurve
 from ..sampling import GaussianNoise
-from ._iid import COMMON_OPTIONS, BlockNoise, Common, IIDPlan, public_common, resolve_common
-from .base import Guarantee, Mechanism, check_options
+from ._iid import (
+    SUPPORTED_ADJACENCIES,
+    BaselineOptions,
+    BlockNoise,
+    Common,
+    IIDPlan,
+    public_common,
+    resolve_common,
+)
+from .base import Guarantee, Mechanism
 from .gaussian_iid import block_sensitivities, certified_statement
 
 __all__ = ["ColoredGaussian", "ColoredMeanNoise", "public_mean_noise_cov", "DESIGNS"]
 
 DESIGNS = ("data", "public")
 SOLVER_NAMES = ("auto", "native", "clarabel", "scs", "mosek")
+
+
+class ColoredGaussianOptions(BaselineOptions):
+    """Options of ``colored-gaussian``."""
+
+    design: Literal["data", "public"] = Field(
+        "data", description="'data': mean noise designed on the private data (paper; not "
+        "certified, label flip only); 'public': designed on the public bounds (certified)")
+    solver: Literal["auto", "native", "clarabel", "scs", "mosek"] = Field(
+        "auto", description="SDP backend of design 'data'")
 
 DATA_DESIGN_REASONS = (
     "The shape and size of the mean noise are optimised on the private data (the actual "
@@ -106,7 +127,7 @@ def public_mean_noise_cov(common: Common, level: float) -> np.ndarray:
 
 
 def _data_mean_noise(common: Common, codes: np.ndarray, level: float, solver: str):
-    import solvers
+    from .. import solvers
 
     stats = common.stats
     covs, results = [], []
@@ -127,19 +148,16 @@ class ColoredGaussian(Mechanism):
     name = "colored-gaussian"
     summary = ("colored Gaussian mean noise (Ravi et al. 2022): design 'data' (paper; not "
                "certified) or 'public' (certified)")
-    options = {"design": "data", "solver": "auto", **COMMON_OPTIONS}
+    Options = ColoredGaussianOptions
+    relations = SUPPORTED_ADJACENCIES
+    certified_relations = SUPPORTED_ADJACENCIES
+
+    def certifies(self, options, public) -> bool:
+        return options.design == "public" and options.adjacency in self.certified_relations
 
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> IIDPlan:
-        opts = check_options(self, options)
+        opts = options
         design = opts["design"]
-        if design not in DESIGNS:
-            raise ValueError(
-                f"unknown design {design!r} for colored-gaussian; allowed: {', '.join(DESIGNS)}"
-            )
-        if opts["solver"] not in SOLVER_NAMES:
-            raise ValueError(
-                f"unknown solver {opts['solver']!r}; allowed: {', '.join(SOLVER_NAMES)}"
-            )
         adjacencies = (Adjacency.LABEL_FLIP,) if design == "data" else \
             (Adjacency.LABEL_FLIP, Adjacency.REPLACE_ONE)
         common = resolve_common(data, opts, self.name, adjacencies=adjacencies)
@@ -167,6 +185,7 @@ class ColoredGaussian(Mechanism):
                 accounting="one Gaussian mechanism (colored on the means, designed on public "
                            "bounds): joint whitened sensitivity calibrated exactly "
                            "(Balle & Wang 2018, Thm 8)",
+                curve=GaussianCurve(float(s_star)),
             )
         else:
             covs, solver_report = _data_mean_noise(common, data.codes, budget_mu / 2.0,

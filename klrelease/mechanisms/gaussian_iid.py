@@ -48,9 +48,18 @@ import numpy as np
 
 from ..data import LabelledData
 from ..privacy.calibration import gaussian_delta, gaussian_max_sensitivity
+from ..privacy.guarantee import GaussianCurve
 from ..sensitivity import covariances_sensitivity, means_sensitivity, weights_sensitivity
-from ._iid import COMMON_OPTIONS, BlockNoise, Common, IIDPlan, public_common, resolve_common
-from .base import Guarantee, Mechanism, check_options
+from ._iid import (
+    SUPPORTED_ADJACENCIES,
+    BaselineOptions,
+    BlockNoise,
+    Common,
+    IIDPlan,
+    public_common,
+    resolve_common,
+)
+from .base import Guarantee, Mechanism
 
 __all__ = ["GaussianIID", "joint_gaussian_sigmas", "joint_sensitivity", "block_sensitivities"]
 
@@ -109,10 +118,12 @@ class GaussianIID(Mechanism):
 
     name = "gaussian-iid"
     summary = "i.i.d. Gaussian noise on weights, means, covariances (exact calibration); certified"
-    options = dict(COMMON_OPTIONS)
+    Options = BaselineOptions
+    relations = SUPPORTED_ADJACENCIES
+    certified_relations = SUPPORTED_ADJACENCIES
 
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> IIDPlan:
-        opts = check_options(self, options)
+        opts = options
         common = resolve_common(data, opts, self.name)
         sens = block_sensitivities(common, "l2")
         sig = joint_gaussian_sigmas(sens, common.shares, epsilon, delta)
@@ -132,6 +143,7 @@ class GaussianIID(Mechanism):
                 "one Gaussian mechanism over weights, means and covariances: per-block noise "
                 "with joint L2 sensitivity calibrated exactly (Balle & Wang 2018, Thm 8)"
             ),
+            curve=GaussianCurve(joint_sensitivity(sens, sig)),
         )
         return IIDPlan(
             mechanism=self.name, guarantee=guarantee, classes=data.classes,

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field
 
 from .._threads import blas_single_thread
 from ..data import LabelledData
@@ -47,12 +49,24 @@ from ..design.certified import (
 )
 from ..gmm import GMM
 from ..neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
+from ..privacy.guarantee import GaussianCurve
 from ..warnings_ import PrivacyLeakWarning
-from .base import Guarantee, Mechanism, Plan, check_options
+from .base import Float, Guarantee, Mechanism, MechanismOptions, Plan, check_options
 
 __all__ = ["KLCertified", "KLCertifiedPlan", "public_frame"]
 
 ADJACENCIES = (Adjacency.LABEL_FLIP, Adjacency.REPLACE_ONE)
+
+
+class KLCertifiedOptions(MechanismOptions):
+    """Options of ``kl-certified``."""
+
+    norm_bound: Annotated[Float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        None, description="replace-one: public bound on ||x||_2 (a ball; rows clipped to it)")
+    bounds_from_data: bool = Field(
+        False, description="replace-one without a public bound: read the box from the data "
+        "(voids the guarantee); unused under label flip, where the features are public")
+
 
 ASSUMPTIONS = (
     "N, d and the declared set of classes are public (both relations keep N fixed).",
@@ -243,11 +257,14 @@ class KLCertified(Mechanism):
     min_class_size = 0  # never refuse on private class sizes
     summary = ("KL-minimising design from public inputs and released statistics; certified "
                "(eps, delta)-DP (recommended)")
-    options = {
-        "adjacency": Adjacency.LABEL_FLIP.value,
-        "norm_bound": None,
-        "bounds_from_data": False,
-    }
+    Options = KLCertifiedOptions
+    relations = ADJACENCIES
+    certified_relations = ADJACENCIES
+
+    def certifies(self, options, public) -> bool:
+        """Certified when the classes were declared and the frame is public (not read from
+        the private rows under replace-one)."""
+        return bool(public.get("classes_declared")) and not public.get("frame_from_data")
 
     @blas_single_thread
     def plan(self, data: LabelledData, *, epsilon: float, delta: float,
@@ -262,8 +279,6 @@ class KLCertified(Mechanism):
                 f"unknown or unsupported adjacency {opts['adjacency']!r} for kl-certified; "
                 f"allowed: {', '.join(a.value for a in ADJACENCIES)}"
             )
-        if not isinstance(opts["bounds_from_data"], bool | np.bool_):
-            raise ValueError("bounds_from_data must be true or false")
         frame, T, bound_ok, where = public_frame(data, relation, bool(opts["bounds_from_data"]),
                                                  opts["norm_bound"])
         N, K, d = data.n_samples, data.n_classes, data.n_features
@@ -318,6 +333,7 @@ class KLCertified(Mechanism):
         guarantee = Guarantee(
             epsilon=epsilon, delta=delta, neighbouring=relation.value, certified=certified,
             statement=statement, reasons=tuple(reasons), accounting=pub.budget.describe(),
+            curve=GaussianCurve(pub.budget.mu),
         )
         public = {
             "adjacency": relation.value,
@@ -327,6 +343,7 @@ class KLCertified(Mechanism):
                        "sums": pub.budget.sums, "scatter": pub.budget.scatter,
                        "classes": pub.budget.classes},
             "classes_declared": declared,
+            "frame_from_data": not bound_ok,
         }
         return KLCertifiedPlan(
             mechanism=self.name, guarantee=guarantee, classes=data.classes,

@@ -37,8 +37,10 @@ certified mechanism.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field
 
 from ..data import LabelledData
 from ..design import PaperDesign, design_kl_paper
@@ -46,12 +48,28 @@ from ..gmm import GMM
 from ..neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ..sampling import GaussianNoise, WishartNoise
 from ..statistics import ClassStatistics, class_statistics, clip_to_norm
-from .base import Guarantee, Mechanism, Plan, check_options
+from .base import Float, Guarantee, Int, Mechanism, MechanismOptions, Plan
 
 __all__ = ["KLPaper", "KLPaperPlan", "SOLVER_NAMES", "NOT_CERTIFIED_REASONS"]
 
 SOLVER_NAMES = ("auto", "native", "clarabel", "scs", "mosek")
 REDUCE_NAMES = ("auto", "none", "hull", "active-set")
+
+
+class KLPaperOptions(MechanismOptions):
+    """Options of ``kl-paper``."""
+
+    norm_bound: Annotated[Float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        None, description="public bound on ||x||_2 (record-level relations; rows clipped)")
+    lam: Annotated[Float, Field(ge=0, lt=1)] = Field(
+        1e-3, description="uniform mixing weight lambda of the weight mapping")
+    max_iter: Annotated[Int, Field(ge=1)] = Field(20, description="alternating iterations")
+    tol: Annotated[Float, Field(ge=0, allow_inf_nan=False)] = Field(
+        1e-3, description="relative tolerance of the alternating loop")
+    solver: Literal["auto", "native", "clarabel", "scs", "mosek"] = Field(
+        "auto", description="SDP backend")
+    reduce: Literal["auto", "none", "hull", "active-set"] = Field(
+        "auto", description="constraint reduction of the SDP")
 
 NOT_CERTIFIED_REASONS = (
     "The randomised weights are centred on the true class counts: for a neighbouring dataset "
@@ -144,42 +162,15 @@ class KLPaper(Mechanism):
 
     name = "kl-paper"
     summary = "KL-minimising design of the paper (Algorithm 1); paper reproduction, not certified"
-    options = {
-        "adjacency": Adjacency.LABEL_FLIP.value,
-        "norm_bound": None,
-        "lam": 1e-3,
-        "max_iter": 20,
-        "tol": 1e-3,
-        "solver": "auto",
-        "reduce": "auto",
-    }
+    Options = KLPaperOptions
+    relations = (Adjacency.LABEL_FLIP, Adjacency.CHANGE_ONE_RECORD, Adjacency.REMOVE_ONE,
+                 Adjacency.ADD_ONE)
+    uses_box = False
 
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> KLPaperPlan:
-        opts = check_options(self, options)
-        try:
-            adjacency = Adjacency(opts["adjacency"])
-        except ValueError:
-            allowed = ", ".join(a.value for a in Adjacency if a != Adjacency.REPLACE_ONE)
-            raise ValueError(
-                f"unknown adjacency {opts['adjacency']!r} for kl-paper; allowed: {allowed}"
-            ) from None
-        if adjacency == Adjacency.REPLACE_ONE:
-            raise ValueError("kl-paper does not implement replace-one adjacency")
+        opts = options
+        adjacency = Adjacency(opts["adjacency"])
         lam = float(opts["lam"])
-        if not 0 <= lam < 1:
-            raise ValueError(f"lam must lie in [0, 1), got {opts['lam']!r}")
-        if int(opts["max_iter"]) < 1:
-            raise ValueError(f"max_iter must be >= 1, got {opts['max_iter']!r}")
-        if float(opts["tol"]) < 0:
-            raise ValueError(f"tol must be >= 0, got {opts['tol']!r}")
-        if opts["reduce"] not in REDUCE_NAMES:
-            raise ValueError(
-                f"unknown reduce {opts['reduce']!r}; allowed: {', '.join(REDUCE_NAMES)}"
-            )
-        if opts["solver"] not in SOLVER_NAMES:
-            raise ValueError(
-                f"unknown solver {opts['solver']!r}; allowed: {', '.join(SOLVER_NAMES)}"
-            )
         X = data.X
         B = opts["norm_bound"] if opts["norm_bound"] is not None else data.norm_bound
         if adjacency != Adjacency.LABEL_FLIP:
@@ -189,8 +180,6 @@ class KLPaper(Mechanism):
                     "pass norm_bound=B (rows are clipped to ||x|| <= B)"
                 )
             B = float(B)
-            if not np.isfinite(B) or B <= 0:
-                raise ValueError(f"norm_bound must be a finite number > 0, got {B!r}")
             X = clip_to_norm(X, B)
         stats = class_statistics(X, data.codes, data.n_classes)
         design = design_kl_paper(

@@ -42,15 +42,36 @@ Option ``variant``:
 
 from __future__ import annotations
 
+from typing import Literal
+
+import dp_accounting
+from pydantic import Field
+
 from ..data import LabelledData
+from ..privacy.guarantee import PureCurve
 from ..sensitivity import wu_sensitivities
-from ._iid import COMMON_OPTIONS, BlockNoise, IIDPlan, public_common, resolve_common
-from .base import Guarantee, Mechanism, check_options
+from ._iid import (
+    SUPPORTED_ADJACENCIES,
+    BaselineOptions,
+    BlockNoise,
+    IIDPlan,
+    public_common,
+    resolve_common,
+)
+from .base import Guarantee, Mechanism
 from .gaussian_iid import block_sensitivities, certified_statement
 
 __all__ = ["LaplaceIID", "VARIANTS", "PAPER_REASONS"]
 
 VARIANTS = ("paper", "label-flip")
+
+
+class LaplaceIIDOptions(BaselineOptions):
+    """Options of ``laplace-iid``."""
+
+    variant: Literal["paper", "label-flip"] = Field(
+        "paper", description="'paper': Wu et al.'s constants (not certified); 'label-flip': "
+        "derived sensitivities (certified pure DP)")
 
 PAPER_REASONS = (
     "The noise levels are the published ones of Wu et al. (2016), derived for replacing one "
@@ -67,15 +88,16 @@ class LaplaceIID(Mechanism):
     name = "laplace-iid"
     summary = ("i.i.d. Laplace noise (Wu et al. 2016): variant 'paper' (not certified) or "
                "'label-flip' (certified pure DP)")
-    options = {"variant": "paper", **COMMON_OPTIONS}
+    Options = LaplaceIIDOptions
+    relations = SUPPORTED_ADJACENCIES
+    certified_relations = SUPPORTED_ADJACENCIES
+
+    def certifies(self, options, public) -> bool:
+        return options.variant == "label-flip" and options.adjacency in self.certified_relations
 
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> IIDPlan:
-        opts = check_options(self, options)
+        opts = options
         variant = opts["variant"]
-        if variant not in VARIANTS:
-            raise ValueError(
-                f"unknown variant {variant!r} for laplace-iid; allowed: {', '.join(VARIANTS)}"
-            )
         if variant == "paper" and opts["min_class_size"] is None:
             opts = {**opts, "min_class_size": 3}  # the paper variant does not use it
         common = resolve_common(data, opts, self.name)
@@ -111,6 +133,8 @@ class LaplaceIID(Mechanism):
                 ),
                 accounting="sequential composition of three Laplace mechanisms (weights, all "
                            "means, all covariances) with joint L1 sensitivities",
+                curve=PureCurve(epsilon, dp_accounting.ComposedDpEvent(
+                    [dp_accounting.LaplaceDpEvent(1.0 / e) for e in (e_pi, e_mu, e_S)])),
             )
         public = {"variant": variant, **public_common(common, opts)}
         if variant == "paper":

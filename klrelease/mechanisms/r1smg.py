@@ -43,8 +43,15 @@ from scipy.special import gammaln
 from ..data import LabelledData
 from ..sensitivity import mean_removal_bound
 from ..warnings_ import PrivacyLeakWarning
-from ._iid import COMMON_OPTIONS, BlockNoise, IIDPlan, public_common, resolve_common
-from .base import Guarantee, Mechanism, check_options
+from ._iid import (
+    SUPPORTED_ADJACENCIES,
+    BaselineOptions,
+    BlockNoise,
+    IIDPlan,
+    public_common,
+    resolve_common,
+)
+from .base import Guarantee, Mechanism
 from .gaussian_iid import block_sensitivities, joint_gaussian_sigmas
 
 __all__ = ["R1SMG", "RankOneNoise", "r1smg_sigma2", "R1SMG_REASONS", "R1SMG_WARNING"]
@@ -105,10 +112,11 @@ class R1SMG(Mechanism):
 
     name = "r1smg"
     summary = "rank-one Gaussian mean noise (Ji & Li 2024) as published; NOT private, warns"
-    options = dict(COMMON_OPTIONS)
+    Options = BaselineOptions
+    relations = SUPPORTED_ADJACENCIES
 
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> IIDPlan:
-        opts = check_options(self, options)
+        opts = options
         d = data.n_features
         if d < 3:
             raise ValueError(

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ..cli import app, err_console
+from .app import app, err_console
 
 __all__ = ["experiment_command"]
 
@@ -22,7 +22,7 @@ def experiment_command(
     jobs: Annotated[int, typer.Option("--jobs", help="worker processes over trials")] = 1,
 ):
     """Reproduce one of the paper's synthetic figures: CSV of every trial, PNG and JSON."""
-    from .run import run_experiment
+    from ..experiments.run import run_experiment
 
     res = run_experiment(name, quick=quick, trials=trials, out=out, jobs=jobs)
     if res.missing_mechanisms:

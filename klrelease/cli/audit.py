@@ -1,4 +1,4 @@
-"""The ``klrelease audit`` command.
+"""``klrelease audit``.
 
 Exit status: 0 when no violation is found, 1 when one is, 2 on bad input (one ``error:`` line).
 """
@@ -12,13 +12,15 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..cli import (
+from .app import (
     _fail,
     _load_input,
     _write_atomic,
     app,
+    check_output,
     err_console,
     mechanism_inputs,
+    option_help,
     out_console,
 )
 
@@ -74,14 +76,13 @@ def audit_command(
     lower: Annotated[str | None, typer.Option(help="public lower bound(s), comma list")] = None,
     upper: Annotated[str | None, typer.Option(help="public upper bound(s), comma list")] = None,
     norm_bound: Annotated[float | None, typer.Option(help="public bound on ||x||_2")] = None,
-    option: Annotated[
-        list[str] | None, typer.Option(help="mechanism option KEY=VALUE (repeatable)")
-    ] = None,
+    classes: Annotated[str | None, typer.Option(help="the public set of classes, a,b,c")] = None,
+    option: Annotated[list[str] | None, typer.Option(help=option_help())] = None,
 ):
     """Audit a mechanism's (epsilon, delta) claim on a dataset (exit 1 on a violation)."""
+    from ..audit.runner import audit
     from ..data import check_privacy_parameters
     from ..mechanisms import get_mechanism
-    from .runner import audit
 
     eps, dlt = check_privacy_parameters(epsilon, delta)
     mech = get_mechanism(mechanism)
@@ -91,10 +92,11 @@ def audit_command(
         _fail(f"--max-pairs must be >= 1, got {max_pairs}")
     if time_limit < 0:
         _fail(f"--time-limit must be >= 0, got {time_limit}")
-    opts, bounds = mechanism_inputs(option, lower, upper)
-    if out is not None and not Path(out).parent.exists():
-        _fail(f"cannot write {out}: directory {Path(out).parent} does not exist")
-    data = _load_input(dataset, csv, label_column, npz)
+    opts, bounds, norm_bound, classes = mechanism_inputs(mech, option, lower, upper,
+                                                         norm_bound, classes)
+    if out is not None:
+        check_output(out)
+    data = _load_input(dataset, csv, label_column, npz, classes)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:

@@ -1,0 +1,292 @@
+"""The command-line application shared by every command module, and its entry point.
+
+Bad input or a failing environment (an unwritable output, a missing file) exits with status 2
+and a single ``error: ...`` line on stderr, writes nothing, and never shows a traceback. Output
+paths are checked before any computation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    name="klrelease",
+    help="Differentially private release of labelled Gaussian mixture models.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .._version import __version__
+
+        print(f"klrelease {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+):
+    """Differentially private release of labelled Gaussian mixture models."""
+
+out_console = Console()
+err_console = Console(stderr=True)
+
+
+class BadInput(Exception):
+    """An input problem reported as one line with exit status 2."""
+
+
+def _fail(message: str) -> None:
+    raise BadInput(message)
+
+
+def check_output(path: Path) -> Path:
+    """Fail (before any computation) unless ``path`` can be written as a file."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir() or str(path).endswith(os.sep):
+        _fail(f"cannot write {path}: it is a directory")
+    if not parent.is_dir():
+        _fail(f"cannot write {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        _fail(f"cannot write {path}: directory {parent} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        _fail(f"cannot write {path}: permission denied")
+    return path
+
+
+@contextmanager
+def atomic_output(path: Path, mode: str = "w"):
+    """A file handle whose content replaces ``path`` only if the block completes."""
+    path = check_output(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".klrelease-", suffix=".tmp")
+    except OSError as exc:
+        _fail(f"cannot write {path}: {exc.strerror or exc.__class__.__name__}")
+    try:
+        with os.fdopen(fd, mode) as fh:
+            yield fh
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    with atomic_output(path) as fh:
+        fh.write(text)
+
+
+def _parse_floats(text: str | None, name: str):
+    if text is None:
+        return None
+    try:
+        vals = [float(v) for v in text.split(",")]
+    except ValueError:
+        _fail(f"{name} must be a number or a comma-separated list of numbers")
+    return vals[0] if len(vals) == 1 else np.array(vals)
+
+
+def option_help() -> str:
+    """Help of ``--option``, built from the registered mechanisms' declarations."""
+    from ..mechanisms import get_mechanism, mechanisms
+
+    names = "; ".join(f"{n}: {', '.join(get_mechanism(n).options)}" for n in mechanisms())
+    return ("mechanism option KEY=VALUE (repeatable; types and defaults: 'klrelease mechanisms "
+            f"NAME'). {names}")
+
+
+#: ``--option`` keys that are public inputs of every release rather than mechanism options.
+DATA_KEYS = ("norm_bound", "classes")
+
+
+def _convert(mechanism, key: str, raw: str):
+    """``raw`` as the type the mechanism declares for option ``key`` (booleans: true/false)."""
+    from ..mechanisms.base import describe_options
+
+    kinds = {n: k for n, k, _, _ in describe_options(mechanism)}
+    if key not in kinds:
+        return raw  # reported as unknown by the mechanism's validation, with what it accepts
+    kind = kinds[key]
+    text = raw.strip()
+    if text.lower() in ("none", "null") and "none" in kind:
+        return None
+    if kind.startswith("true|false"):
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        _fail(f"option {key} of {mechanism.name} takes true or false, got {raw!r}")
+    if "numbers" in kind:
+        try:
+            return [float(v) for v in text.strip("[]()").split(",")]
+        except ValueError:
+            _fail(f"option {key} of {mechanism.name} takes {kind}, got {raw!r}")
+    if kind.startswith(("number", "integer")):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            _fail(f"option {key} of {mechanism.name} takes {kind}, got {raw!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+        _fail(f"option {key} of {mechanism.name} takes {kind}, got {raw!r}")
+    return text
+
+
+def parse_options(mechanism, items) -> tuple[dict, dict]:
+    """``--option KEY=VALUE`` pairs as (mechanism options, public inputs ``DATA_KEYS``)."""
+    opts: dict = {}
+    public: dict = {}
+    for item in items or []:
+        if "=" not in item:
+            _fail(f"--option takes KEY=VALUE, got {item!r}")
+        key, raw = item.split("=", 1)
+        key = key.strip().replace("-", "_")
+        if key in opts or key in public:
+            _fail(f"--option {key} is given twice")
+        if key == "norm_bound":
+            public[key] = _parse_floats(raw, "--option norm_bound")
+        elif key == "classes":
+            public[key] = parse_classes(raw)
+        else:
+            opts[key] = _convert(mechanism, key, raw)
+    return opts, public
+
+
+def parse_classes(text: str | None):
+    """``--classes a,b,c``: the public set of classes (integers stay integers); None if absent."""
+    if text is None:
+        return None
+    items = [c.strip() for c in text.split(",")]
+    if not all(items):
+        _fail("--classes takes a comma-separated list of class labels, e.g. --classes a,b,c")
+    try:
+        return [int(c) for c in items]
+    except ValueError:
+        return items
+
+
+def mechanism_inputs(mechanism, option, lower, upper, norm_bound=None, classes=None):
+    """Mechanism options and public inputs from the command line, validated before any data.
+
+    Returns ``(options, bounds, norm_bound, classes)``.
+    """
+    opts, public = parse_options(mechanism, option)
+    if (lower is None) != (upper is None):
+        _fail("give both --lower and --upper, or neither")
+    bounds = None
+    if lower is not None:
+        bounds = (_parse_floats(lower, "--lower"), _parse_floats(upper, "--upper"))
+    if "norm_bound" in public:
+        if norm_bound is not None:
+            _fail("give the norm bound once: --norm-bound or --option norm_bound")
+        norm_bound = public["norm_bound"]
+    classes = parse_classes(classes)
+    if "classes" in public:
+        if classes is not None:
+            _fail("give the classes once: --classes or --option classes")
+        classes = public["classes"]
+    if bounds is not None and not mechanism.uses_box:
+        _fail(f"{mechanism.name} does not use --lower/--upper (a public box); give "
+              "--norm-bound for its record-level relations")
+    mechanism.validate_options(opts)
+    if "bounds" in opts:  # a named way of choosing the box (e.g. "features")
+        if bounds is not None:
+            _fail("give --lower/--upper or --option bounds=..., not both")
+        bounds = opts.pop("bounds")
+    return opts, bounds, norm_bound, classes
+
+
+def _load_input(dataset, csv_path, label_column, npz_path, classes=None):
+    """The labelled data of one input; ``classes`` is the declared set of classes."""
+    from ..data import as_labelled_data, load_csv, load_dataset, load_npz
+
+    given = [x is not None for x in (dataset, csv_path, npz_path)]
+    if sum(given) != 1:
+        _fail("give exactly one input: --dataset NAME, --csv FILE or --npz FILE")
+    if dataset is not None:
+        if classes is not None:
+            _fail("--classes goes with --csv or --npz; a bundled dataset declares its classes")
+        return load_dataset(dataset)
+    if csv_path is not None:
+        if label_column is None:
+            _fail("--csv needs --label-column NAME")
+        X, y, names = load_csv(csv_path, label_column)
+        return as_labelled_data(X, y, feature_names=names, classes=_classes_for(y, classes),
+                                min_class_size=0)
+    X, y = load_npz(npz_path)
+    # class sizes are checked by the release against the mechanism's own floor (none for a
+    # certified mechanism: a refusal on a private class size would reveal labels)
+    return as_labelled_data(X, y, classes=_classes_for(y, classes), min_class_size=0)
+
+
+def _classes_for(y, classes):
+    """Declared class labels in the type of the labels ``y``."""
+    if classes is None:
+        return None
+    kind = np.asarray(y).dtype.kind
+    try:
+        if kind in "iub":
+            return [int(c) for c in classes]
+        if kind == "f":
+            return [float(c) for c in classes]
+    except ValueError:
+        _fail("--classes must list numeric labels for this input")
+    return [str(c) for c in classes]
+
+
+def _one_line(message) -> str:
+    return " ".join(str(message).split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: runs the app and maps input errors to exit status 2."""
+    from .. import solvers
+
+    try:
+        # a command ending with typer.Exit(code) returns that code in non-standalone mode
+        rc = app(args=argv, standalone_mode=False, prog_name="klrelease")
+    except solvers.SolverFailed as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except (BadInput, ValueError, OSError, solvers.SolverUnavailable) as exc:
+        if isinstance(exc, OSError):
+            where = f"{exc.filename}: " if exc.filename else ""
+            print(f"error: {where}{exc.strerror or exc.__class__.__name__}", file=sys.stderr)
+        else:
+            print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the CLI framework's own usage errors
+        kind = type(exc).__name__
+        if kind == "NoArgsIsHelpError":
+            return 0
+        if kind == "Exit":
+            return int(getattr(exc, "exit_code", 0) or 0)
+        if kind == "Abort":
+            print("error: aborted", file=sys.stderr)
+            return 1
+        if hasattr(exc, "format_message"):
+            print(f"error: {_one_line(exc.format_message())}", file=sys.stderr)
+            return 2
+        raise
+    return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
+
+
+def run() -> None:
+    sys.exit(main())
+
+

@@ -1,0 +1,201 @@
+"""``klrelease release | sample | inspect | mechanisms``."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from .app import (
+    _fail,
+    _load_input,
+    app,
+    atomic_output,
+    check_output,
+    err_console,
+    mechanism_inputs,
+    option_help,
+    out_console,
+)
+
+__all__ = ["release", "sample", "inspect", "list_mechanisms"]
+
+#: Rows drawn and written per block by ``sample`` (memory does not grow with ``-n``).
+SAMPLE_CHUNK = 65536
+
+
+def warn_uncertified(caught, statement: str | None) -> None:
+    """One visible ``warning:`` line per distinct privacy warning (and the statement)."""
+    from ..warnings_ import PrivacyLeakWarning
+
+    lines = []
+    for w in caught:
+        if issubclass(w.category, PrivacyLeakWarning) and str(w.message) not in lines:
+            lines.append(str(w.message))
+    if statement is not None and not any(statement in x for x in lines):
+        lines.append(statement)
+    for line in lines:
+        err_console.print(f"[bold red]warning:[/] {line}", highlight=False)
+
+
+@app.command()
+def release(
+    epsilon: Annotated[float, typer.Option(help="privacy parameter epsilon (> 0)")],
+    delta: Annotated[float, typer.Option(help="privacy parameter delta, in (0, 1)")],
+    dataset: Annotated[str | None, typer.Option(help="a bundled dataset: iris")] = None,
+    csv: Annotated[Path | None, typer.Option(help="CSV file with a header row")] = None,
+    label_column: Annotated[str | None, typer.Option(help="label column of --csv")] = None,
+    npz: Annotated[Path | None, typer.Option(help=".npz file with arrays X and y")] = None,
+    mechanism: Annotated[str, typer.Option(help="see 'klrelease mechanisms'")] = "kl-certified",
+    out: Annotated[Path, typer.Option(help="where to write the artifact")] = Path(
+        "release.json"
+    ),
+    seed: Annotated[
+        int | None, typer.Option(help="reproducible noise, for experiments only (not certified)")
+    ] = None,
+    classes: Annotated[
+        str | None, typer.Option(help="the public set of classes, a,b,c (default: the labels "
+                                      "present, which the claim then does not protect)")
+    ] = None,
+    lower: Annotated[str | None, typer.Option(help="public lower bound(s), comma list")] = None,
+    upper: Annotated[str | None, typer.Option(help="public upper bound(s), comma list")] = None,
+    norm_bound: Annotated[float | None, typer.Option(help="public bound on ||x||_2")] = None,
+    option: Annotated[list[str] | None, typer.Option(help=option_help())] = None,
+):
+    """Release a differentially private GMM of a labelled dataset."""
+    from .. import release as do_release
+    from ..data import check_privacy_parameters
+    from ..mechanisms import get_mechanism
+
+    eps, dlt = check_privacy_parameters(epsilon, delta)
+    mech = get_mechanism(mechanism)
+    opts, bounds, norm_bound, classes = mechanism_inputs(mech, option, lower, upper,
+                                                         norm_bound, classes)
+    if seed is not None and seed < 0:
+        _fail(f"--seed must be a non-negative integer, got {seed}")
+    check_output(out)
+    data = _load_input(dataset, csv, label_column, npz, classes)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with err_console.status(f"designing {mech.name} ..."):
+            rel = do_release(data, None, epsilon=eps, delta=dlt, mechanism=mech.name,
+                             seed=seed, bounds=bounds, norm_bound=norm_bound, **opts)
+    with atomic_output(out) as fh:
+        fh.write(rel.to_json())
+    err_console.print(f"wrote {out}: {rel.summary()}", highlight=False)
+    warn_uncertified(caught, None if rel.privacy.certified else rel.privacy.statement)
+
+
+@app.command()
+def sample(
+    artifact: Annotated[Path, typer.Argument(help="a release artifact (JSON)")],
+    n: Annotated[int, typer.Option("-n", "--n", help="number of rows")] = 1000,
+    out: Annotated[Path, typer.Option(help="CSV file to write")] = Path("synthetic.csv"),
+    seed: Annotated[int | None, typer.Option(help="seed for the synthetic draw")] = None,
+):
+    """Draw synthetic labelled rows from a released GMM (post-processing: no privacy cost).
+
+    Rows are drawn and written in blocks, so memory does not grow with -n.
+    """
+    from ..artifact import Release
+    from ..rng import make_rng
+
+    if n < 1:
+        _fail(f"-n must be >= 1, got {n}")
+    check_output(out)
+    rel = Release.load(artifact)
+    rng = make_rng(seed).generator
+    names = rel.feature_names or [f"x{i}" for i in range(rel.gmm.n_features)]
+    with atomic_output(out) as fh:
+        fh.write(",".join([*names, "label"]) + "\n")
+        left = n
+        while left > 0:
+            m = min(left, SAMPLE_CHUNK)
+            X, y = rel.gmm.sample(m, seed=rng)
+            body = np.char.mod("%.6g", X)
+            rows = [",".join([*row, str(lab)]) for row, lab in zip(body, y, strict=True)]
+            fh.write("\n".join(rows) + "\n")
+            left -= m
+    err_console.print(f"wrote {n} rows to {out}", highlight=False)
+
+
+@app.command()
+def inspect(artifact: Annotated[Path, typer.Argument(help="a release artifact (JSON)")]):
+    """Show a readable summary of a release artifact (validated; the claim is recomputed)."""
+    from ..artifact import Release
+
+    rel = Release.load(artifact)
+    p = rel.privacy
+    out_console.print(f"[bold]{rel.mechanism}[/] release  (klrelease {rel.library_version}, "
+                      f"schema {rel.schema_version})")
+    colour = "green" if p.certified else "red"
+    out_console.print(
+        f"privacy: epsilon={p.epsilon:g}, delta={p.delta:g}, neighbours: {p.neighbouring.value}"
+        f", [{colour}]{'certified' if p.certified else 'NOT certified'}[/]"
+    )
+    out_console.print(f"  {p.statement}")
+    for r in p.reasons:
+        out_console.print(f"  - {r}")
+    g = rel.gmm
+    table = Table(title=f"released GMM: {g.n_components} classes, {g.n_features} features")
+    table.add_column("class")
+    table.add_column("weight", justify="right")
+    table.add_column("mean")
+    table.add_column("covariance eigenvalues")
+    for k in range(g.n_components):
+        eig = np.linalg.eigvalsh(g.covariances[k])
+        table.add_row(
+            str(g.classes[k]), f"{g.weights[k]:.4f}",
+            "[" + ", ".join(f"{v:.3g}" for v in g.means[k]) + "]",
+            "[" + ", ".join(f"{v:.3g}" for v in eig) + "]",
+        )
+    out_console.print(table)
+    if rel.feature_names:
+        out_console.print("features: " + ", ".join(rel.feature_names))
+    if rel.solver is not None:
+        s = rel.solver
+        out_console.print(f"solver: {s.solver} ({s.status}), {s.n_solves} solve(s), "
+                          f"{s.time_s:.3g} s")
+    r = rel.randomness
+    out_console.print(f"randomness: {'secure' if r.secure else 'seeded'}; {r.note}")
+    out_console.print("settings: " + json.dumps(rel.settings))
+    if rel.options:
+        out_console.print("options: " + json.dumps(rel.options))
+
+
+@app.command("mechanisms")
+def list_mechanisms(
+    name: Annotated[str | None, typer.Argument(help="show this mechanism's options")] = None,
+):
+    """List the registered mechanisms, or one mechanism's options with types and defaults."""
+    from ..mechanisms import get_mechanism, mechanisms
+    from ..mechanisms.base import describe_options
+
+    if name is None:
+        for n in mechanisms():
+            out_console.print(f"{n:20s} {get_mechanism(n).summary}", highlight=False)
+        return
+    mech = get_mechanism(name)
+    out_console.print(f"[bold]{mech.name}[/]: {mech.summary}", highlight=False)
+    cert = ", ".join(a.value for a in mech.certified_relations)
+    cert = (f"certified under {cert} with secure noise, unless an option below voids it"
+            if cert else "never certified")
+    out_console.print(f"relations: {', '.join(a.value for a in mech.relations)} ({cert})",
+                      highlight=False)
+    table = Table(title=f"options of {mech.name} (--option KEY=VALUE)")
+    for col in ("option", "type", "default", "meaning"):
+        table.add_column(col, overflow="fold")
+    for opt, kind, default, words in describe_options(mech):
+        shown = "none" if default is None else (
+            str(default).lower() if isinstance(default, bool) else str(default))
+        table.add_row(opt, kind, shown, words)
+    out_console.print(table)
+    if mech.uses_box:
+        out_console.print("public bounds: --lower/--upper (a box) or --norm-bound (a ball)")
+    else:
+        out_console.print("public bounds: --norm-bound (record-level relations)")

@@ -1,0 +1,77 @@
+"""The scikit-learn estimator: estimator checks, fitted attributes, use in a Pipeline."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import FunctionTransformer
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import klrelease as kr
+from klrelease import GMMReleaser
+from klrelease.warnings_ import PrivacyLeakWarning
+
+#: Checks that cannot apply to a differentially private release, each with its reason.
+EXPECTED_FAILED = {
+    "check_classifiers_train": (
+        "compares predict_log_proba with log(predict_proba): for well-separated classes the "
+        "posterior underflows to 0 in predict_proba while predict_log_proba stays exact"
+    ),
+}
+
+
+def _checked():
+    return [GMMReleaser(epsilon=5.0, mechanism="gaussian-iid", bounds="features",
+                        random_state=0)]
+
+
+@parametrize_with_checks(_checked(), expected_failed_checks=lambda est: EXPECTED_FAILED)
+def test_sklearn_estimator_checks(estimator, check):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyLeakWarning)  # seeded: experiments only
+        check(estimator)
+
+
+def test_fitted_attributes_and_pipeline(iris):
+    X = iris.X
+    y = np.asarray(iris.classes, dtype=object)[iris.codes].astype(str)
+    est = GMMReleaser(epsilon=1e3, delta=1e-5, mechanism="gaussian-iid", bounds=iris.bounds,
+                      classes=sorted(set(y)))
+    pipe = make_pipeline(FunctionTransformer(), est)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)  # unseeded + certified: silent
+        pipe.fit(X, y)
+    fitted = pipe[-1]
+    assert fitted.release_.privacy.certified
+    assert fitted.weights_.shape == (3,) and fitted.means_.shape == (3, 4)
+    assert fitted.covariances_.shape == (3, 4, 4) and fitted.n_features_in_ == 4
+    assert list(fitted.classes_) == sorted(set(y))
+    proba = pipe.predict_proba(X)
+    assert np.allclose(proba.sum(axis=1), 1.0)
+    assert pipe.score(X, y) > 0.6  # chance is 1/3; at eps = 1000 iris scores 0.7-0.95
+    assert np.array_equal(pipe.predict(X), fitted.classes_[proba.argmax(axis=1)])
+    Xs, ys = fitted.sample(50, random_state=1)
+    assert Xs.shape == (50, 4) and set(ys) <= set(y)
+    assert est.get_params()["epsilon"] == 1e3
+    assert est.set_params(epsilon=3.0).epsilon == 3.0
+
+
+def test_seeded_estimator_is_not_certified_and_warns(iris):
+    est = GMMReleaser(epsilon=1.0, mechanism="gaussian-iid", bounds=iris.bounds,
+                      random_state=3)
+    with pytest.warns(PrivacyLeakWarning, match="seeded"):
+        est.fit(iris.X, iris.codes)
+    assert not est.release_.privacy.certified
+
+
+def test_estimator_respects_the_accountant(iris):
+    acc = kr.BudgetAccountant(1.0, 1e-5)
+    GMMReleaser(1.0, mechanism="gaussian-iid", bounds=iris.bounds, accountant=acc).fit(
+        iris.X, iris.codes)
+    with pytest.raises(kr.BudgetExceeded, match="exceed"):
+        GMMReleaser(0.2, mechanism="gaussian-iid", bounds=iris.bounds, accountant=acc).fit(
+            iris.X, iris.codes)
+    assert len(acc.spent) == 1

@@ -1,0 +1,76 @@
+"""The built wheel: documents shipped, solvers inside klrelease, installable and runnable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
+         "--disable-pip-version-check", "-w", str(out), str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    (whl,) = out.glob("klrelease-*.whl")
+    return whl
+
+
+def test_wheel_contents(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"klrelease", wheel.name.split("-py3")[0] + ".dist-info"}, tops
+    for doc in ("klrelease/mechanisms/kl_certified.md", "klrelease/audit/AUDIT.md"):
+        assert doc in names
+    for md in (ROOT / "klrelease" / "mechanisms").glob("*.md"):
+        assert f"klrelease/mechanisms/{md.name}" in names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE")
+               for n in names)
+    assert "klrelease/solvers/__init__.py" in names
+    assert "klrelease/solvers/backends/native.py" in names
+    assert "klrelease/_data/iris.csv" in names
+    # every package of the source tree is in the wheel
+    for init in (ROOT / "klrelease").rglob("__init__.py"):
+        rel = init.relative_to(ROOT).as_posix()
+        if "/solvers/" not in rel:
+            assert rel in names, rel
+
+
+def test_wheel_installs_and_runs_in_a_fresh_venv(wheel, tmp_path):
+    # the installed wheel only: no source tree on the path
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True, timeout=120)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--ignore-installed", "--disable-pip-version-check", str(wheel)],
+                   check=True, timeout=120, env=env)
+    code = (
+        "import importlib.metadata as md, klrelease, klrelease.solvers, warnings;"
+        "files = [str(f) for f in md.distribution('klrelease').files];"
+        "assert not any(f.startswith('solvers/') for f in files), files;"
+        "assert 'klrelease/mechanisms/kl_certified.md' in files;"
+        "print(klrelease.__file__); print(klrelease.solvers.__file__);"
+        "rel = klrelease.release(klrelease.load_dataset('iris'), None, epsilon=1, delta=1e-5,"
+        " mechanism='gaussian-iid'); print(rel.privacy.certified)"
+    )
+    res = subprocess.run([str(py), "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    first, second, certified = res.stdout.split()
+    assert first.startswith(str(venv)) and second.startswith(str(venv))
+    assert certified == "True"
+    res = subprocess.run([str(venv / "bin" / "klrelease"), "--version"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 0 and res.stdout.startswith("klrelease ")
