@@ -7,4 +7,4 @@ Privacy proofs and the practical replacements of cited black boxes: ``KAMATH.md`
 
 from __future__ import annotations
 
-from . import pegme, pgme  # noqa: F401
+from . import pegme, pgme, salite  # noqa: F401
