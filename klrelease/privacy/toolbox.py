@@ -44,7 +44,9 @@ __all__ = [
     "stable_histogram",
     "stable_select_threshold",
     "stable_select",
+    "clipped_sum_count",
     "noisy_sum_count",
+    "clip_rows",
     "symmetric_gaussian",
     "advanced_composition_epsilon",
 ]
@@ -164,6 +166,25 @@ def stable_select(key_sets: Sequence[Iterable[Hashable]], epsilon_a: float, epsi
     return keys[idx], info
 
 
+def clip_rows(Y: np.ndarray, centre: np.ndarray, rho: float) -> np.ndarray:
+    """``(y - centre) * min(1, rho / ||y - centre||)`` for every row (explicit clipping)."""
+    centre = np.asarray(centre, dtype=np.float64)
+    diff = np.asarray(Y, dtype=np.float64).reshape(-1, centre.shape[0]) - centre
+    if len(diff) == 0:
+        return diff
+    norms = np.sqrt(np.sum(diff * diff, axis=1))
+    return diff * np.minimum(1.0, rho / np.maximum(norms, 1e-300))[:, None]
+
+
+def clipped_sum_count(Y: np.ndarray, centre: np.ndarray, rho: float) -> np.ndarray:
+    """The statistic of :func:`noisy_sum_count`: ``(sum of clipped rows, rho * |Y|)``.
+
+    L2 sensitivity ``2 rho`` under substitution, ``sqrt(2) rho`` under addition/removal.
+    """
+    C = clip_rows(Y, centre, rho)
+    return np.concatenate([C.sum(axis=0), [rho * len(C)]])
+
+
 def noisy_sum_count(Y: np.ndarray, centre: np.ndarray, rho: float, epsilon: float,
                     delta: float, rng: np.random.Generator) -> tuple[np.ndarray, float]:
     """Clipped noisy mean with its count folded into the same Gaussian vector.
@@ -175,13 +196,8 @@ def noisy_sum_count(Y: np.ndarray, centre: np.ndarray, rho: float, epsilon: floa
     """
     centre = np.asarray(centre, dtype=np.float64)
     m = centre.shape[0]
-    Y = np.asarray(Y, dtype=np.float64).reshape(-1, m)
-    diff = Y - centre
-    norms = np.sqrt(np.sum(diff * diff, axis=1)) if len(Y) else np.zeros(0)
-    scale = np.minimum(1.0, rho / np.maximum(norms, 1e-300))
-    total = (diff * scale[:, None]).sum(axis=0) if len(Y) else np.zeros(m)
     sigma = gauss_sigma(2.0 * rho, epsilon, delta)
-    v = np.concatenate([total, [rho * len(Y)]]) + rng.normal(0.0, sigma, size=m + 1)
+    v = clipped_sum_count(Y, centre, rho) + rng.normal(0.0, sigma, size=m + 1)
     cnt = float(v[m] / rho)
     return centre + v[:m] / max(cnt, 1.0), cnt
 

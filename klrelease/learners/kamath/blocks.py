@@ -23,6 +23,7 @@ import numpy as np
 
 from ...privacy.toolbox import (
     above_threshold,
+    clip_rows,
     gauss_sigma,
     laplace_count,
     noisy_sum_count,
@@ -45,6 +46,7 @@ __all__ = [
     "psge",
     "pge_lite",
     "within",
+    "clipped_scatter",
 ]
 
 
@@ -225,6 +227,12 @@ def bounding_ball_lite(X: np.ndarray, n_target: float, ball_in: Ball, budget: di
     return Ball(np.asarray(p, dtype=np.float64), mult * r2)
 
 
+def clipped_scatter(X: np.ndarray, centre: np.ndarray, radius: float) -> np.ndarray:
+    """``Y^T Y`` with ``Y = clip(X - centre, radius)``: Frobenius sensitivity ``sqrt(2) r^2``."""
+    Y = clip_rows(X, centre, radius)
+    return Y.T @ Y
+
+
 def private_pca(X: np.ndarray, centre: np.ndarray, radius: float, k: int, epsilon: float,
                 delta: float, rng: np.random.Generator) -> np.ndarray:
     """Private PCA ([PAPER] KSSU Alg. 3 step 5, [FIX] K7: centred and explicitly clipped).
@@ -234,11 +242,7 @@ def private_pca(X: np.ndarray, centre: np.ndarray, radius: float, k: int, epsilo
     eigenvectors as columns (post-processing).
     """
     m = X.shape[1]
-    Y = X - centre
-    if len(Y):
-        norms = np.sqrt(np.sum(Y * Y, axis=1))
-        Y = Y * np.minimum(1.0, radius / np.maximum(norms, 1e-300))[:, None]
-    M = Y.T @ Y if len(Y) else np.zeros((m, m))
+    M = clipped_scatter(X, centre, radius)
     sigma = gauss_sigma(math.sqrt(2.0) * radius**2, epsilon, delta)
     _, vecs = np.linalg.eigh(M + symmetric_gaussian(m, sigma, rng))
     return vecs[:, ::-1][:, :k]
@@ -280,8 +284,9 @@ def pge_lite(C: np.ndarray, ball: Ball, epsilon: float, delta: float, rounds: in
 
     Replaces the KLSU19 learner PGE (KSSU Thm 5.19-5.20). Per round: NoisySumCount (0.4 of
     the round's epsilon, half its delta), then the covariance of the points clipped to
-    ``2r`` around that mean plus symmetric Gaussian noise (Frobenius sensitivity
-    ``sqrt(2)(2r)^2``; 0.6 of epsilon, half of delta). With two rounds (1/3 then 2/3 of the
+    ``r_S`` around that mean plus symmetric Gaussian noise (Frobenius sensitivity
+    ``sqrt(2) r_S^2``; 0.6 of epsilon, half of delta), ``r_S = 2r`` in round 1 and the released
+    re-centred radius in round 2. With two rounds (1/3 then 2/3 of the
     budget) the second re-centres at the first mean with a radius computed from released
     values only (CoinPress style). Eigenvalues are clipped to ``[lambda_floor, lambda_cap]``
     (post-processing). Returns ``(mean, covariance, noisy count)``.
@@ -294,12 +299,8 @@ def pge_lite(C: np.ndarray, ball: Ball, epsilon: float, delta: float, rounds: in
         e, dl = epsilon * share, delta * share
         sigma_mu = gauss_sigma(2.0 * r, 0.4 * e, 0.5 * dl)
         mu, cnt = noisy_sum_count(C, centre, r, 0.4 * e, 0.5 * dl, rng)
-        r_s = 2.0 * r
-        Y = C - mu
-        if len(Y):
-            norms = np.sqrt(np.sum(Y * Y, axis=1))
-            Y = Y * np.minimum(1.0, r_s / np.maximum(norms, 1e-300))[:, None]
-        M = Y.T @ Y if len(Y) else np.zeros((d, d))
+        r_s = 2.0 * r if j == 0 else r  # round 2: r already contains the points around mu
+        M = clipped_scatter(C, mu, r_s)
         sig = gauss_sigma(math.sqrt(2.0) * r_s**2, 0.6 * e, 0.5 * dl)
         Sigma = (M + symmetric_gaussian(d, sig, rng)) / max(cnt, 1.0)
         Sigma = _psd_clip(Sigma, lambda_floor, lambda_cap)

@@ -164,7 +164,7 @@ def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
         rpgmp(Xt, k, Ball(np.zeros(d), lam), "root")
         est = []
         for C, ball in leaves:
-            mu, Sig, cnt = pge_lite(C, ball, *bud["leaf"], 1 if d <= 3 else 2, beta,
+            mu, Sig, cnt = pge_lite(C, ball, *bud["leaf"], 2, beta,
                                     1e-3 * sigma_max**2, 4.0 * sigma_max**2, rng)
             est.append((cnt, mu, Sig))
     except (np.linalg.LinAlgError, FloatingPointError, ValueError):
