@@ -22,6 +22,12 @@ def experiment_command(
     jobs: Annotated[int, typer.Option("--jobs", help="worker processes over trials")] = 1,
 ):
     """Reproduce one of the paper's synthetic figures: CSV of every trial, PNG and JSON."""
+    if name == "learners-regimes":
+        from .learners_regimes import run_learners_regimes
+
+        run_learners_regimes(out, quick=quick, trials=trials)
+        err_console.print(f"learners-regimes -> {out / 'learners_regimes'}")
+        return
     from .run import run_experiment
 
     res = run_experiment(name, quick=quick, trials=trials, out=out, jobs=jobs)

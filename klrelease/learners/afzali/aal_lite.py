@@ -143,6 +143,7 @@ def _block_candidates(F, H, k, seeds, tau_ll, reg):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 gm = GaussianMixture(k, covariance_type="full", n_init=1, random_state=int(s),
+                                     init_params="k-means++",
                                      reg_covar=reg).fit(F)
             ll = float(gm.score(H))
             if np.isfinite(ll) and np.all(np.isfinite(gm.covariances_)):
