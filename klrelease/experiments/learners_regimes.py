@@ -25,8 +25,8 @@ every k in {2, 3, 5}, d in {2, 5, 10}, eps in {1, 4} and both settings; N = 1e4 
 (k, d, eps) on separated data and for k = 2, d in {2, 10}, eps = 4 on overlapping data; N = 1e5
 for k = 2, d = 2, eps = 4 on separated data only. The O(N^2 d) radius queries of PGME and the
 per-block EM fits of the two sample-and-aggregate learners put the full grid at 1e5-1e6 far
-beyond that budget; N = 1e6 is not run. The warm-up PEGME is left out (its model, means within ``2 k sqrt(d) kappa
-sigma_min`` of the origin, does not match these mixtures).
+beyond that budget; N = 1e6 is not run. The warm-up PEGME is left out (its model, means
+within ``2 k sqrt(d) kappa sigma_min`` of the origin, does not match these mixtures).
 """
 
 from __future__ import annotations

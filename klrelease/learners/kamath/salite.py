@@ -115,8 +115,9 @@ def _fit_blocks(X, perm, m, n_b, k, master, n_init, R):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                gm = GaussianMixture(k, covariance_type="spherical", n_init=n_init, init_params="k-means++",
-                                     random_state=seed, reg_covar=1e-6).fit(block)
+                gm = GaussianMixture(k, covariance_type="spherical", n_init=n_init,
+                                     init_params="k-means++", random_state=seed,
+                                     reg_covar=1e-6).fit(block)
             mu = gm.means_
             nrm = np.linalg.norm(mu, axis=1, keepdims=True)
             means[b] = mu * np.minimum(1.0, R / np.maximum(nrm, 1e-300))
