@@ -307,3 +307,40 @@ def test_salite_fails_below_its_regime():
     res = learn(X, 2, epsilon=1.0, delta=1e-6, learner="kamath-sa-lite", seed=3, R=7.0,
                 sigma_min=0.5, sigma_max=2.0, n_init=1)
     assert res.failed and res.stage.startswith("round 1")
+
+
+def test_pegme_recovers_its_model_and_fails_small():
+    rng = np.random.default_rng(17)
+    means = np.array([[0.0, 8.0], [0.0, -8.0]])
+    X = means[rng.integers(0, 2, 16000)] + rng.normal(size=(16000, 2))
+    opts = {"sigma_min": 1.0, "kappa": 2.0, "inflate": 1.5}
+    res = learn(X, 2, epsilon=4.0, delta=1e-6, learner="kamath-pegme", seed=4, **opts)
+    assert res.ok, res.reason
+    err = np.linalg.norm(res.gmm.means[:, None] - means[None], axis=2).min(axis=1)
+    assert np.all(err < 1.0)
+    small = learn(X[:400], 2, epsilon=1.0, delta=1e-6, learner="kamath-pegme", seed=4, **opts)
+    assert small.failed and small.stage == "locate"
+
+
+_RELEASED_KEYS = {
+    # every diagnostic is public (n, d, k, ledger, public thresholds) or a released DP output
+    "kamath-pgme": {"ledger", "n", "d", "k", "t", "truncation_radius", "nodes",
+                    "leaf_noisy_counts", "components_found"},
+    "kamath-pegme": {"ledger", "n", "d", "k", "t", "ell", "truncation_radius",
+                     "locate_composition", "balls_found"},
+    "kamath-sa-lite": {"ledger", "n", "d", "k", "blocks", "block_size", "rounds",
+                       "components_found"},
+    "afzali-style-sample-aggregate": {"ledger", "n", "d", "k", "blocks", "select",
+                                      "refine_noisy_count"},
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_diagnostics_hold_only_public_or_released_values(name):
+    rng = np.random.default_rng(18)
+    X, _ = _mixture(800, 2, 2, 20.0, rng)
+    res = learn(X, 2, epsilon=2.0, delta=1e-6, learner=name, seed=5, r_init=2, n_init=1)
+    assert set(res.diagnostics) <= _RELEASED_KEYS[name]
+    if name == "kamath-pgme":
+        for node in res.diagnostics["nodes"]:
+            assert set(node) <= {"path", "k_node", "bounding_radius", "outcome", "ball_radius"}

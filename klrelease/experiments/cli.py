@@ -22,11 +22,14 @@ def experiment_command(
     jobs: Annotated[int, typer.Option("--jobs", help="worker processes over trials")] = 1,
 ):
     """Reproduce one of the paper's synthetic figures: CSV of every trial, PNG and JSON."""
-    if name == "learners-regimes":
-        from .learners_regimes import run_learners_regimes
+    if name in ("learners-regimes", "learners-speed"):
+        from .learners_regimes import run_learners_regimes, run_speed_check
 
-        run_learners_regimes(out, quick=quick, trials=trials)
-        err_console.print(f"learners-regimes -> {out / 'learners_regimes'}")
+        if name == "learners-speed":
+            err_console.print(run_speed_check(out))
+        else:
+            run_learners_regimes(out, quick=quick, trials=trials)
+        err_console.print(f"{name} -> {out / 'learners_regimes'}")
         return
     from .run import run_experiment
 

@@ -282,3 +282,37 @@ def _write(folder, rows, summary, cells, trials, quick, wall, cpu):
         "summary": summary,
     }
     (folder / "learners_regimes.json").write_text(json.dumps(info, indent=2))
+
+
+def run_speed_check(out: Path = Path("experiments"), *, n: int = 100_000, d: int = 10,
+                    k: int = 2, eps: float = 4.0) -> dict:
+    """Time PGME at ``n`` rows in ``d`` dimensions (progress bar on); peak memory from rusage.
+
+    Writes ``speed.json`` beside the regimes results (``klrelease experiment learners-speed``).
+    """
+    import resource
+
+    from ..learners import learn
+
+    rng = np.random.default_rng([20261122, n, d])
+    means = _means("separated", k, d)
+    X = means[rng.integers(0, k, n)] + rng.normal(size=(n, d))
+    R = 1.2 * float(np.linalg.norm(means, axis=1).max())
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    res = learn(X, k, epsilon=eps, delta=1e-6, learner="kamath-pgme", seed=1, R=R,
+                sigma_min=0.5, sigma_max=2.0, progress=True)
+    info = {
+        "learner": "kamath-pgme", "n": n, "d": d, "k": k, "epsilon": eps,
+        "status": "FAIL" if res.failed else "ok", "stage": res.stage,
+        "wall_seconds": round(time.perf_counter() - t0, 1),
+        "cpu_seconds": round(time.process_time() - c0, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "nodes": res.diagnostics.get("nodes"),
+        "mean_error_sigma": _match_error(res.gmm, means, np.full(k, 1 / k))[0] if res.ok
+        else None,
+    }
+    folder = Path(out) / "learners_regimes"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "speed.json").write_text(json.dumps(info, indent=2))
+    return info
