@@ -271,8 +271,13 @@ def test_pgme_fails_at_small_n_with_its_reason():
     X, _ = _mixture(1000, 2, 2, 25.0, rng)
     res = learn(X, 2, epsilon=1.0, delta=1e-6, learner="kamath-pgme", seed=2, R=26.0,
                 sigma_min=0.5, sigma_max=2.0)
-    assert res.failed and res.stage == "partition"
+    assert res.failed and res.stage == "preflight"
     assert "n=1000" in res.reason and "k=2" in res.reason
+    # above the preflight but below the table's n: no split
+    X, _ = _mixture(4000, 2, 2, 25.0, rng)
+    res = learn(X, 2, epsilon=1.0, delta=1e-6, learner="kamath-pgme", seed=2, R=26.0,
+                sigma_min=0.5, sigma_max=2.0)
+    assert res.failed and res.stage in ("partition", "preflight")
 
 
 def test_pgme_recovers_well_separated_mixture():
@@ -298,7 +303,8 @@ def test_aal_style_recovers_and_fails():
     assert np.all(err < 1.2)
     small = learn(X[:1500], 2, epsilon=1.0, delta=1e-6, learner="afzali-style-sample-aggregate",
                   seed=3, sigma_max=1.0, r_init=2)
-    assert small.failed and small.stage == "common-member selection"
+    assert small.failed and small.stage == "preflight"
+    assert "T=9 blocks" in small.reason
 
 
 def test_salite_fails_below_its_regime():
@@ -306,7 +312,7 @@ def test_salite_fails_below_its_regime():
     X, _ = _mixture(3000, 2, 2, 6.0, rng)
     res = learn(X, 2, epsilon=1.0, delta=1e-6, learner="kamath-sa-lite", seed=3, R=7.0,
                 sigma_min=0.5, sigma_max=2.0, n_init=1)
-    assert res.failed and res.stage.startswith("round 1")
+    assert res.failed and res.stage == "preflight"
 
 
 def test_pegme_recovers_its_model_and_fails_small():
@@ -324,13 +330,13 @@ def test_pegme_recovers_its_model_and_fails_small():
 
 _RELEASED_KEYS = {
     # every diagnostic is public (n, d, k, ledger, public thresholds) or a released DP output
-    "kamath-pgme": {"ledger", "n", "d", "k", "t", "truncation_radius", "nodes",
+    "kamath-pgme": {"ledger", "n", "d", "k", "t", "truncation_radius", "nodes", "preflight",
                     "leaf_noisy_counts", "components_found"},
     "kamath-pegme": {"ledger", "n", "d", "k", "t", "ell", "truncation_radius",
                      "locate_composition", "balls_found"},
-    "kamath-sa-lite": {"ledger", "n", "d", "k", "blocks", "block_size", "rounds",
+    "kamath-sa-lite": {"ledger", "n", "d", "k", "blocks", "block_size", "rounds", "preflight",
                        "components_found"},
-    "afzali-style-sample-aggregate": {"ledger", "n", "d", "k", "blocks", "select",
+    "afzali-style-sample-aggregate": {"ledger", "n", "d", "k", "blocks", "select", "preflight",
                                       "refine_noisy_count"},
 }
 

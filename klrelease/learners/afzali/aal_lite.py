@@ -30,7 +30,7 @@ import warnings
 import numpy as np
 
 from ...privacy.ledger import Ledger
-from ...privacy.toolbox import noisy_sum_count, stable_select
+from ...privacy.toolbox import noisy_sum_count, stable_select, stable_select_threshold
 from ..kamath.common import fail, guarantee, structure_rng, structure_seed, success
 from ..result import LearnResult, register_learner
 
@@ -191,6 +191,13 @@ def learn_aal_style(X, n_components: int, *, epsilon: float, delta: float,
     diag: dict = {"ledger": led.to_dict(), "n": n, "d": d, "k": k, "blocks": T}
     if T < 1:
         return fail(NAME, g, "blocks", f"n={n} gives no block of size {n_b}", diag)
+    e_a, e_b, d_tv = bud["select"]
+    tau = stable_select_threshold(e_a, e_b, d_tv, Q)
+    diag["preflight"] = {"select_threshold": tau}
+    if tau >= T:
+        return fail(NAME, g, "preflight",
+                    f"T={T} blocks cannot reach the selection threshold {tau:.4g} (n={n}, "
+                    f"d={d}, k={k}, eps={epsilon:g}); decided from public numbers only", diag)
     m_b = n // T
     perm = struct.permutation(n)
     u = struct.uniform(size=d + 1)
@@ -213,7 +220,6 @@ def learn_aal_style(X, n_components: int, *, epsilon: float, delta: float,
                 break
         key_sets.append(ks)
         reps.append(rep)
-    e_a, e_b, d_tv = bud["select"]
     kappa, info = stable_select(key_sets, e_a, e_b, d_tv, Q, rng)
     diag["select"] = info
     if kappa is None:

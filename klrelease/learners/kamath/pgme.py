@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from ...privacy.ledger import Ledger
-from ...privacy.toolbox import laplace_count
+from ...privacy.toolbox import laplace_count, stable_histogram_threshold
 from ..result import LearnResult, register_learner
 from .blocks import Ball, bounding_ball_lite, pge_lite, private_pca, pterrific_ball, within
 from .common import fail, guarantee, structure_rng, structure_seed, success
@@ -115,6 +115,20 @@ def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
     t = max(1, int(n * w_min / 2))
     diag: dict = {"ledger": ledger.to_dict(), "n": n, "d": d, "k": k, "t": t,
                   "truncation_radius": lam, "nodes": []}
+    if k > 1:
+        # Public preflight (n, k, d, eps, beta only): with t <= Gamma the terrific-radius
+        # threshold is vacuous even on the shortest grid, and a heavy cell can never reach the
+        # stable-histogram threshold when it exceeds n; the run then cannot split.
+        b0 = node_budget(*bud["node"], k < d)
+        gamma_min = 16.0 / b0["s3_radius"][0] * math.log(2.0 / beta)
+        tau_h = stable_histogram_threshold(*b0["s3_hist"])
+        diag["preflight"] = {"gamma_min": gamma_min, "stable_hist_threshold": tau_h}
+        if t <= gamma_min or tau_h >= n:
+            return fail(NAME, g, "preflight",
+                        f"target size t = n*w_min/2 = {t} must exceed the terrific-radius "
+                        f"slack Gamma >= {gamma_min:.4g} and n={n} the stable-histogram "
+                        f"threshold {tau_h:.4g} (k={k}, d={d}, eps={epsilon:g}); decided "
+                        "from public numbers only", diag)
     Xt = X[within(X, np.zeros(d), lam)]
     L_orig = math.sqrt(d) * sigma_min / 2.0
     leaves: list[tuple[np.ndarray, Ball]] = []

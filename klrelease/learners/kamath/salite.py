@@ -28,6 +28,7 @@ from ...privacy.toolbox import (
     exponential_mechanism,
     noisy_sum_count,
     stable_select,
+    stable_select_threshold,
 )
 from ..result import LearnResult, register_learner
 from .blocks import _rotation, radius_grid
@@ -154,11 +155,19 @@ def learn_salite(X, n_components: int, *, epsilon: float, delta: float,
         return fail(NAME, g, "blocks", f"n={n} gives {m} blocks of size {n_b}; need >= 2",
                     diag)
     t = math.ceil(agree * m)
+    radii = radius_grid(sigma_min / 100.0, 2.0 * R)
+    gamma = 16.0 / b["radius"] * (math.log(len(radii)) + math.log(2.0 / beta))
+    tau_s = stable_select_threshold(b["select_a"], b["select_b"], b["delta_tv"], k)
+    diag["preflight"] = {"radius_threshold": t - gamma, "select_threshold": tau_s}
+    if t <= gamma or tau_s >= m:
+        # public numbers only: the block-level thresholds exceed what m blocks can reach
+        return fail(NAME, g, "preflight",
+                    f"m={m} blocks (target t={t}) cannot pass the radius threshold t-Gamma="
+                    f"{t - gamma:.4g} or the selection threshold {tau_s:.4g} (n={n}, d={d}, "
+                    f"k={k}, eps={epsilon:g}); decided from public numbers only", diag)
     perm = structure_rng(master, "perm").permutation(n)
     M, W, Vv, active = _fit_blocks(X, perm, m, n_b, k, master, n_init, R)
     block_ids = np.repeat(np.arange(m), k).reshape(m, k)
-    radii = radius_grid(sigma_min / 100.0, 2.0 * R)
-    gamma = 16.0 / b["radius"] * (math.log(len(radii)) + math.log(2.0 / beta))
     out_means, out_w, out_v = [], [], []
     lv_lo, lv_hi = 2 * math.log(sigma_min), 2 * math.log(sigma_max)
     bins = np.arange(0.0, 1.0, alpha / k) + alpha / (2 * k)
