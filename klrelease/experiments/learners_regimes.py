@@ -231,13 +231,45 @@ def _summarise(rows):
     return out
 
 
-def _write(folder, rows, summary, cells, trials, quick, wall, cpu):
-    import csv
-
+def plot_summary(summary: list[dict], path: Path) -> None:
+    """FAIL rate and median matched mean error against N (one colour per learner)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    colours = dict(zip(GRID_LEARNERS, ("tab:blue", "tab:orange", "tab:green"), strict=True))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for j, setting in enumerate(("separated", "overlapping")):
+        for name in GRID_LEARNERS:
+            for eps, style in ((1.0, "-"), (4.0, "--")):
+                pts = sorted((s["n"], s["fail_rate"], s["median_mean_error_sigma"])
+                             for s in summary if s["learner"] == name
+                             and s["setting"] == setting and s["epsilon"] == eps)
+                if not pts:
+                    continue
+                kw = {"color": colours[name], "linestyle": style, "marker": "o",
+                      "label": f"{name}, eps={eps:g}"}
+                axes[0, j].plot([p[0] for p in pts], [p[1] for p in pts], **kw)
+                err = [(p[0], p[2]) for p in pts if p[2] is not None]
+                if err:
+                    axes[1, j].plot([e[0] for e in err], [e[1] for e in err], **kw)
+        axes[0, j].set(xscale="log", xlabel="N", ylabel="FAIL rate", ylim=(-0.05, 1.05),
+                       title=f"{setting}: FAIL rate over the (k, d) cells run at each N")
+        axes[1, j].set(xscale="log", yscale="log", title=f"{setting}: median mean error",
+                       xlabel="N", ylabel="max matched mean error / sigma")
+        for ax in axes[:, j]:
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+    fig.text(0.5, 0.005, "N = 1e4 overlapping: k = 2, d in {2, 10}, eps = 4 only; N = 1e5: "
+             "k = 2, d = 2, eps = 4, separated only", ha="center", fontsize=8)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _write(folder, rows, summary, cells, trials, quick, wall, cpu):
+    import csv
 
     keys = list(rows[0])
     with open(folder / "learners_regimes.csv", "w", newline="") as fh:
@@ -245,31 +277,7 @@ def _write(folder, rows, summary, cells, trials, quick, wall, cpu):
         w.writeheader()
         for r in rows:
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in keys})
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for j, setting in enumerate(("separated", "overlapping")):
-        for name in GRID_LEARNERS:
-            for eps, style in ((1.0, "-"), (4.0, "--")):
-                pts = [(s["n"], s["fail_rate"], s["median_mean_error_sigma"]) for s in summary
-                       if s["learner"] == name and s["setting"] == setting
-                       and s["epsilon"] == eps]
-                if not pts:
-                    continue
-                pts.sort()
-                axes[0, j].plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o",
-                                label=f"{name}, eps={eps:g}")
-                err = [(p[0], p[2]) for p in pts if p[2] is not None]
-                if err:
-                    axes[1, j].plot(*zip(*err, strict=True), style, marker="o",
-                                    label=f"{name}, eps={eps:g}")
-        axes[0, j].set(xscale="log", title=f"{setting}: FAIL rate (all k, d)", xlabel="N",
-                       ylabel="FAIL rate", ylim=(-0.05, 1.05))
-        axes[1, j].set(xscale="log", yscale="log", title=f"{setting}: median mean error",
-                       xlabel="N", ylabel="max matched mean error / sigma")
-    axes[0, 0].legend(fontsize=7)
-    axes[1, 0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(folder / "learners_regimes.png", dpi=110)
-    plt.close(fig)
+    plot_summary(summary, folder / "learners_regimes.png")
     info = {
         "experiment": "learners-regimes",
         "command": "klrelease experiment learners-regimes" + (" --quick" if quick else "")
