@@ -12,9 +12,27 @@ from .app import app, err_console
 __all__ = ["experiment_command"]
 
 
+def _learners_regimes(*, out: Path, quick: bool, trials: int | None) -> str:
+    from ..experiments.learners_regimes import run_learners_regimes
+
+    run_learners_regimes(out, quick=quick, trials=trials)
+    return f"learners-regimes -> {out / 'learners_regimes'}"
+
+
+def _learners_speed(*, out: Path, quick: bool, trials: int | None) -> str:
+    from ..experiments.learners_regimes import run_speed_check
+
+    return str(run_speed_check(out))
+
+
+def _extra_experiments() -> dict:
+    """Studies beyond the paper's synthetic sweeps: name -> runner returning a summary line."""
+    return {"learners-regimes": _learners_regimes, "learners-speed": _learners_speed}
+
+
 @app.command("experiment")
 def experiment_command(
-    name: Annotated[str, typer.Argument(help="fig1, fig2, fig3, fig4, fig5 or fig13")],
+    name: Annotated[str, typer.Argument(help="fig1..fig5, fig13, or a study: learners-regimes, learners-speed")],
     quick: Annotated[bool, typer.Option("--quick", help="a reduced run for CI (seconds)")] = False,
     trials: Annotated[int | None, typer.Option("--trials", help="number of datasets")] = None,
     out: Annotated[Path, typer.Option("--out", help="parent folder of the results")] = Path(
@@ -22,6 +40,10 @@ def experiment_command(
     jobs: Annotated[int, typer.Option("--jobs", help="worker processes over trials")] = 1,
 ):
     """Reproduce one of the paper's synthetic figures: CSV of every trial, PNG and JSON."""
+    extra = _extra_experiments()
+    if name in extra:
+        err_console.print(extra[name](out=out, quick=quick, trials=trials))
+        return
     from ..experiments.run import run_experiment
 
     res = run_experiment(name, quick=quick, trials=trials, out=out, jobs=jobs)

@@ -14,3 +14,5 @@ from __future__ import annotations
 from .result import Learner, LearnResult, get_learner, learn, learners, register_learner
 
 __all__ = ["LearnResult", "Learner", "get_learner", "learn", "learners", "register_learner"]
+from . import afzali  # noqa: E402, F401, I001  (registers the Afzali-style learner)
+from . import kamath  # noqa: E402, F401  (registers the Kamath et al. learners)

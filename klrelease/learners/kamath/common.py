@@ -1,0 +1,57 @@
+"""Helpers shared by the Kamath et al. and Afzali et al. learners: guarantee, FAIL, seeds."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from ...gmm import GMM
+from ...mechanisms.base import Guarantee
+from ...neighbours import Adjacency
+from ...privacy.ledger import Ledger
+from ..result import LearnResult
+
+__all__ = ["guarantee", "fail", "success", "structure_rng", "structure_seed"]
+
+
+def guarantee(ledger: Ledger, name: str, doc: str) -> Guarantee:
+    """The claim of a learner: the requested (eps, delta) under substitution, n public."""
+    return Guarantee(
+        epsilon=ledger.epsilon,
+        delta=ledger.delta,
+        neighbouring=Adjacency.REPLACE_ONE.value,
+        certified=True,
+        statement=(
+            f"{name}: ({ledger.epsilon:g}, {ledger.delta:g})-differentially private for "
+            "datasets that differ in one record (substitution; the number of records is "
+            "public). FAIL is an output covered by the same guarantee."
+        ),
+        reasons=(f"proof: {doc}", "worst-path ledger (basic composition) in diagnostics"),
+        accounting="basic composition over the worst path, fixed before the data is read",
+    )
+
+
+def fail(learner: str, g: Guarantee, stage: str, reason: str, diagnostics: dict) -> LearnResult:
+    return LearnResult(learner=learner, gmm=None, guarantee=g, failed=True, stage=stage,
+                       reason=reason, diagnostics=diagnostics)
+
+
+def success(learner: str, g: Guarantee, weights, means, covariances,
+            diagnostics: dict) -> LearnResult:
+    w = np.clip(np.asarray(weights, dtype=np.float64), 0.0, None)
+    w = w / w.sum() if w.sum() > 0 else np.full(len(w), 1.0 / len(w))
+    gmm = GMM(w, np.asarray(means, dtype=np.float64), np.asarray(covariances, dtype=np.float64))
+    return LearnResult(learner=learner, gmm=gmm, guarantee=g, diagnostics=diagnostics)
+
+
+def structure_seed(rng: np.random.Generator, seed: int | None) -> int:
+    """Master seed of the structural randomness: drawn before any data is read."""
+    if seed is not None:
+        return int(seed)
+    return int(rng.integers(0, 2**63 - 1))
+
+
+def structure_rng(master: int, path: str) -> np.random.Generator:
+    """Generator for one node of a recursion, a function of the public seed and path only."""
+    return np.random.default_rng([master, zlib.crc32(path.encode())])

@@ -1,0 +1,205 @@
+"""PGME: the main private GMM learner of Kamath, Sheffet, Singhal & Ullman (KSSU Alg. 3-4).
+
+Recursive private partitioning (RPGMP, Alg. 3): at a node with ``k_node >= 2`` components,
+a noisy count and a bounding ball (BoundingBall-lite [PRACTICAL]), a terrific ball in the
+original space (TerrificRadius [PAPER] + GoodCenter-lite [PRACTICAL] + Laplace check); if
+none, private PCA ([PAPER], fix K7) and a terrific ball in the projected space; a found ball
+splits the node into the points inside ``B_r'`` and outside ``B_5r'``, both recursing with
+``k_node - 1``. Leaves are estimated with PGE-lite [PRACTICAL] (replaces the KLSU19 learner).
+The output keeps the leaves whose released count reaches ``n w_min / 4`` and, of those, the
+``k`` largest (fix K11).
+
+Privacy (``KAMATH.md``): every piece is calibrated to max(substitution, add/remove)
+sensitivity; membership of a child depends only on released balls and the record itself, so
+a substitution affects at most ``2k - 3`` node invocations and 2 leaves (Lemma P). The
+worst-path ledger gives 0.7 of (eps, delta) to the nodes and 0.15 to each of two leaves.
+Utility is not covered by the paper's theorems in this regime (``KAMATH.md``, regimes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...privacy.ledger import Ledger
+from ...privacy.toolbox import laplace_count, stable_histogram_threshold
+from ..result import LearnResult, register_learner
+from .blocks import Ball, bounding_ball_lite, pge_lite, private_pca, pterrific_ball, within
+from .common import fail, guarantee, structure_rng, structure_seed, success
+
+__all__ = ["NAME", "pgme_ledger", "node_budget", "learn_pgme"]
+
+NAME = "kamath-pgme"
+DOC = "klrelease/learners/kamath/KAMATH.md (PGME)"
+
+_NODE_EPS = {
+    "count": 0.04, "bb_centre": 0.06, "bb_radius": 0.10,
+    "s3_radius": 0.16, "s3_hist": 0.07, "s3_stage1": 0.035, "s3_stage2": 0.035,
+    "s3_check": 0.02, "pca": 0.16,
+    "s6_radius": 0.16, "s6_hist": 0.07, "s6_stage1": 0.035, "s6_stage2": 0.035,
+    "s6_check": 0.02,
+}
+_NODE_DELTA_PIECES = ("bb_centre", "s3_hist", "s3_stage1", "s3_stage2", "pca",
+                      "s6_hist", "s6_stage1", "s6_stage2")
+
+
+def n_affected_nodes(k: int) -> int:
+    """Worst-path number of node invocations a substitution can affect: ``2k - 3``."""
+    return max(2 * k - 3, 0)
+
+
+def node_budget(eps_node: float, delta_node: float, with_pca: bool) -> dict:
+    """Per-piece (eps, delta) of one node; without PCA the first 0.52 is renormalised."""
+    keys = list(_NODE_EPS) if with_pca else [k for k in _NODE_EPS
+                                              if not k.startswith(("s6", "pca"))]
+    tot = sum(_NODE_EPS[k] for k in keys)
+    dkeys = [k for k in _NODE_DELTA_PIECES if k in keys]
+    return {k: (eps_node * _NODE_EPS[k] / tot,
+                delta_node / len(dkeys) if k in dkeys else 0.0) for k in keys}
+
+
+def pgme_ledger(k: int, d: int, epsilon: float, delta: float) -> tuple[Ledger, dict]:
+    """Worst-path ledger from public inputs only; returns it with the node and leaf budgets."""
+    led = Ledger(epsilon, delta)
+    n_aff = n_affected_nodes(k)
+    if k == 1:
+        leaf = (epsilon, delta)
+        led.add("leaf PGE-lite", *leaf, sensitivity="2r mean, sqrt(2)(2r)^2 covariance")
+        return led.check(), {"node": None, "leaf": leaf, "n_aff": 0}
+    eps_node, delta_node = 0.7 * epsilon / n_aff, 0.7 * delta / n_aff
+    full = node_budget(eps_node, delta_node, True)
+    for piece, (e, dl) in full.items():
+        led.add(f"node {piece}", e, dl, multiplicity=n_aff,
+                note="without PCA (k_node >= d) the S2-S3 shares are renormalised to the "
+                     "same node total")
+    leaf = (0.15 * epsilon, 0.15 * delta)
+    led.add("leaf PGE-lite", *leaf, multiplicity=2,
+            sensitivity="2r mean, sqrt(2)(2r)^2 covariance")
+    return led.check(), {"node": (eps_node, delta_node), "leaf": leaf, "n_aff": n_aff}
+
+
+def _budget_piece(b: dict, prefix: str) -> dict:
+    return {
+        "radius": b[f"{prefix}_radius"][0], "hist": b[f"{prefix}_hist"],
+        "stage1": b[f"{prefix}_stage1"], "stage2": b[f"{prefix}_stage2"],
+        "check": b[f"{prefix}_check"][0],
+    }
+
+
+def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
+               rng: np.random.Generator, R: float = 10.0, sigma_min: float = 0.1,
+               sigma_max: float = 3.0, w_min: float | None = None, beta: float = 0.05,
+               c: float = 5.0, mult: float = 3.0, seed: int | None = None,
+               progress: bool = False, **_ignored) -> LearnResult:
+    """Kamath et al. PGME with the practical replacements of ``KAMATH.md`` section 2.3.
+
+    Parameters (all public)
+    -----------------------
+    R : bound on the norm of every component mean.
+    sigma_min, sigma_max : bounds on the component standard deviations.
+    w_min : lower bound on the mixing weights (default ``1/(2k)``).
+    beta : failure probability (thresholds only).
+    c : terrific-ball factor; mult : bounding-ball multiplier ([PRACTICAL] 3, paper 12).
+    seed : seed of the structural randomness (grid shifts, rotations); drawn from ``rng``
+        before the data is read when omitted.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    n, d = X.shape
+    k = int(n_components)
+    w_min = 1.0 / (2 * k) if w_min is None else float(w_min)
+    ledger, bud = pgme_ledger(k, d, epsilon, delta)
+    g = guarantee(ledger, "Kamath et al. PGME (practical)", DOC)
+    master = structure_seed(rng, seed)
+    lam = R + sigma_max * (math.sqrt(d) + math.sqrt(2.0 * math.log(n / beta)))
+    t = max(1, int(n * w_min / 2))
+    diag: dict = {"ledger": ledger.to_dict(), "n": n, "d": d, "k": k, "t": t,
+                  "truncation_radius": lam, "nodes": []}
+    if k > 1:
+        # Public preflight (n, k, d, eps, beta only): with t <= Gamma the terrific-radius
+        # threshold is vacuous even on the shortest grid, and a heavy cell can never reach the
+        # stable-histogram threshold when it exceeds n; the run then cannot split.
+        b0 = node_budget(*bud["node"], k < d)
+        gamma_min = 16.0 / b0["s3_radius"][0] * math.log(2.0 / beta)
+        tau_h = stable_histogram_threshold(*b0["s3_hist"])
+        diag["preflight"] = {"gamma_min": gamma_min, "stable_hist_threshold": tau_h}
+        if t <= gamma_min or tau_h >= n:
+            return fail(NAME, g, "preflight",
+                        f"target size t = n*w_min/2 = {t} must exceed the terrific-radius "
+                        f"slack Gamma >= {gamma_min:.4g} and n={n} the stable-histogram "
+                        f"threshold {tau_h:.4g} (k={k}, d={d}, eps={epsilon:g}); decided "
+                        "from public numbers only", diag)
+    Xt = X[within(X, np.zeros(d), lam)]
+    L_orig = math.sqrt(d) * sigma_min / 2.0
+    leaves: list[tuple[np.ndarray, Ball]] = []
+
+    def rpgmp(S: np.ndarray, k_node: int, ball: Ball, path: str) -> None:
+        if k_node == 1:
+            leaves.append((S, ball))
+            return
+        with_pca = k_node < d
+        b = node_budget(*bud["node"], with_pca)
+        struct = structure_rng(master, path)
+        n_prime = laplace_count(len(S), b["count"][0], rng) - n * w_min / 20.0
+        bb = bounding_ball_lite(S, n_prime, ball, {"centre": b["bb_centre"],
+                                "radius": b["bb_radius"][0]}, L_orig, mult, rng)
+        S = S[within(S, bb.centre, bb.radius)]
+        rec = {"path": path, "k_node": k_node, "bounding_radius": bb.radius}
+        found = pterrific_ball(S, t, c, False, _budget_piece(b, "s3"), bb.radius, L_orig, beta,
+                               struct, rng, progress=progress)
+        if found is not None:
+            rec.update(outcome="split (original space)", ball_radius=found.radius)
+            diag["nodes"].append(rec)
+            dist2 = np.sum((S - found.centre) ** 2, axis=1) if len(S) else np.zeros(0)
+            A = S[dist2 <= found.radius**2]
+            B = S[dist2 > (c * found.radius) ** 2]
+            rpgmp(A, k_node - 1, found, path + "A")
+            rpgmp(B, k_node - 1, bb, path + "B")
+            return
+        if with_pca:
+            pe, pd = b["pca"]
+            V = private_pca(S, bb.centre, bb.radius, k_node, pe, pd, rng)
+            Z = (S - bb.centre) @ V
+            L_proj = math.sqrt(k_node) * sigma_min / 2.0
+            found = pterrific_ball(Z, t, c, True, _budget_piece(b, "s6"), bb.radius, L_proj,
+                                   beta, struct, rng, progress=progress)
+            if found is not None:
+                rec.update(outcome="split (projected space)", ball_radius=found.radius)
+                diag["nodes"].append(rec)
+                dist2 = np.sum((Z - found.centre) ** 2, axis=1) if len(Z) else np.zeros(0)
+                rpgmp(S[dist2 <= found.radius**2], k_node - 1, bb, path + "A")
+                rpgmp(S[dist2 > (c * found.radius) ** 2], k_node - 1, bb, path + "B")
+                return
+        rec["outcome"] = "leaf (no terrific ball)"
+        diag["nodes"].append(rec)
+        leaves.append((S, bb))
+
+    try:
+        rpgmp(Xt, k, Ball(np.zeros(d), lam), "root")
+        est = []
+        for C, ball in leaves:
+            mu, Sig, cnt = pge_lite(C, ball, *bud["leaf"], 2, beta,
+                                    1e-3 * sigma_max**2, 4.0 * sigma_max**2, rng)
+            est.append((cnt, mu, Sig))
+    except (np.linalg.LinAlgError, FloatingPointError, ValueError):
+        # a numerical failure is mapped to FAIL inside the privacy boundary (rule 5)
+        return fail(NAME, g, "numerics", "a numerical step failed; no output is released",
+                    {"ledger": ledger.to_dict(), "n": n, "d": d, "k": k})
+    counts = [float(e[0]) for e in est]
+    diag["leaf_noisy_counts"] = counts
+    floor = n * w_min / 4.0
+    keep = sorted([e for e in est if e[0] >= floor], key=lambda e: -e[0])[:k]
+    diag["components_found"] = len(keep)
+    if len(keep) < k:
+        return fail(
+            NAME, g, "partition",
+            f"{len(keep)} of k={k} leaves have a released count >= n*w_min/4 = {floor:.4g} "
+            f"(n={n}, d={d}, eps={epsilon:g}, leaves={len(leaves)}, "
+            f"noisy leaf counts {[round(x, 1) for x in counts]})",
+            diag,
+        )
+    w = np.array([e[0] for e in keep])
+    return success(NAME, g, w / w.sum(), [e[1] for e in keep], [e[2] for e in keep], diag)
+
+
+register_learner(NAME, learn_pgme)
