@@ -14,3 +14,4 @@ from __future__ import annotations
 from .result import LearnResult, Learner, get_learner, learn, learners, register_learner
 
 __all__ = ["LearnResult", "Learner", "get_learner", "learn", "learners", "register_learner"]
+from . import ppe as _ppe  # noqa: E402,F401  (registers the PPE-family learners)

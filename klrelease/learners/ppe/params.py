@@ -20,7 +20,6 @@ the options) before the data is read.
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
@@ -28,8 +27,13 @@ import numpy as np
 
 from .distances import ParamDistance, Params
 from .framework import PopulousOutcome, ppe, split_budget
-from .masking import MaskCalibration, NoiseScales, default_noise_scales, gmm_masking_radius
-from .masking import mask_params
+from .masking import (
+    MaskCalibration,
+    NoiseScales,
+    default_noise_scales,
+    gmm_masking_radius,
+    mask_params,
+)
 from .tlap import t_min
 
 __all__ = [
