@@ -69,3 +69,7 @@ register(_kl_certified.KLCertified())
 from . import r1smg as _r1smg  # noqa: E402
 
 register(_r1smg.R1SMG())
+
+from . import ppe_gaussian as _ppe_gaussian  # noqa: E402
+
+register(_ppe_gaussian.PPEGaussian())

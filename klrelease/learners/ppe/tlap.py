@@ -27,6 +27,8 @@ __all__ = ["tlap_lambda", "tlap_bound", "sample_tlap", "tlap_cdf", "t_min"]
 
 def tlap_lambda(epsilon: float, delta: float) -> float:
     """``Lambda(eps, delta) = ln(1 + (e^eps - 1) / (2 delta))``."""
+    if epsilon > 30.0:  # e^eps would overflow for large eps: factor it out
+        return epsilon + math.log(-math.expm1(-epsilon) / (2.0 * delta) + math.exp(-epsilon))
     return math.log1p(math.expm1(epsilon) / (2.0 * delta))
 
 
