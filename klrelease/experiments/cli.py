@@ -14,7 +14,7 @@ __all__ = ["experiment_command"]
 
 @app.command("experiment")
 def experiment_command(
-    name: Annotated[str, typer.Argument(help="fig1, fig2, fig3, fig4, fig5 or fig13")],
+    name: Annotated[str, typer.Argument(help="fig1, fig2, fig3, fig4, fig5, fig13 or ppe-regimes")],
     quick: Annotated[bool, typer.Option("--quick", help="a reduced run for CI (seconds)")] = False,
     trials: Annotated[int | None, typer.Option("--trials", help="number of datasets")] = None,
     out: Annotated[Path, typer.Option("--out", help="parent folder of the results")] = Path(
@@ -22,6 +22,13 @@ def experiment_command(
     jobs: Annotated[int, typer.Option("--jobs", help="worker processes over trials")] = 1,
 ):
     """Reproduce one of the paper's synthetic figures: CSV of every trial, PNG and JSON."""
+    if name == "ppe-regimes":  # the PPE utility simulation (its own runner)
+        from .ppe_regimes import run_ppe_regimes
+
+        rec = run_ppe_regimes(quick=quick, out=out, reps=trials)
+        err_console.print(f"ppe-regimes: {rec['wall_seconds']:.1f} s, all within tolerance: "
+                          f"{rec['all_within_tolerance']} -> {', '.join(rec['paths'])}")
+        return
     from .run import run_experiment
 
     res = run_experiment(name, quick=quick, trials=trials, out=out, jobs=jobs)
