@@ -349,3 +349,31 @@ def test_learn_command_exit_codes(tmp_path):
     assert json.loads(out.read_text())["stage"] == "popularity test"
     assert main(args + ["--learner", "no-such-learner"]) == 2
     assert main(args + ["--learner", "ppe-gaussian", "--columns", "zz"]) == 2
+
+
+def test_component_mask_privacy_loss_by_monte_carlo_at_the_calibrated_radius():
+    """B_COMP (weight, mean, covariance) at dist_COMP exactly gamma from gmm_masking_radius."""
+    rng = np.random.default_rng(16)
+    d, K = 2, 2
+    sc = default_noise_scales(d, K, alpha=0.5, beta=0.1)
+    cal = gmm_masking_radius(d, K, 2.0, 1.2e-2, sc)
+    g = cal.gamma
+    S1 = _spd(rng, d)
+    r1 = np.real(sqrtm(S1))
+    U = np.linalg.qr(rng.standard_normal((d, d)))[0]
+    S2 = r1 @ U @ np.diag([1 + g, 1.0]) @ U.T @ r1
+    mu1 = rng.standard_normal(d)
+    mu2 = mu1 + np.linalg.cholesky(S1) @ np.r_[g, 0.0]
+    w1, w2 = 0.3, 0.3 + g
+    c1, c2 = (w1, mu1, S1), (w2, mu2, S2)
+    assert comp_distance(c1, c2) == pytest.approx(g, rel=1e-6)
+    n = 40000
+    for (wa, ma, Sa), (wb, mb, Sb) in ((c1, c2), (c2, c1)):
+        x = wa + sc.weight * rng.standard_normal(n)
+        loss = (-(x - wa) ** 2 + (x - wb) ** 2) / (2 * sc.weight**2)
+        y = rng.multivariate_normal(ma, sc.mean**2 * Sa, size=n)
+        loss += (multivariate_normal(ma, sc.mean**2 * Sa).logpdf(y)
+                 - multivariate_normal(mb, sc.mean**2 * Sb).logpdf(y))
+        loss += _rcov_loss(Sa, Sb, sc.cov, n, rng)
+        assert np.mean(loss >= cal.eps_component) <= cal.delta_component + 3 * math.sqrt(
+            cal.delta_component / n)

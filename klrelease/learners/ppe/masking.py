@@ -53,6 +53,7 @@ __all__ = [
     "mask_covariance",
     "mask_mean",
     "mask_weight",
+    "mask_component",
     "mask_params",
 ]
 
@@ -229,6 +230,13 @@ def mask_weight(w, eta: float, rng: np.random.Generator) -> np.ndarray:
     """R_W: ``max(0, w + eta g)``."""
     w = np.asarray(w, float)
     return np.maximum(0.0, w + eta * rng.standard_normal(w.shape))
+
+
+def mask_component(w: float, mu: np.ndarray, S: np.ndarray, scales: NoiseScales,
+                   rng: np.random.Generator, *, weights: bool = True):
+    """B_COMP on one component: ``(R_W(w), R_MEAN(mu, S), R_COV(S))``, independent noises."""
+    wt = float(mask_weight(w, scales.weight, rng)) if weights else float(w)
+    return wt, mask_mean(mu, S, scales.mean, rng), mask_covariance(S, scales.cov, rng)
 
 
 def mask_params(Y: Params, scales: NoiseScales, rng: np.random.Generator, *,
