@@ -340,6 +340,11 @@ class DiscreteDistance:
         return C
 
     @staticmethod
-    def average(Ys, w) -> float:
+    def average(Ys, w) -> int:
+        """The weighted average of integers that are all equal (as they are among popular
+        blocks, by the popularity argument): returned exactly, as the value of largest total
+        weight, so that no floating-point rounding enters the release."""
+        vals = np.array(Ys, dtype=np.int64)
         w = np.asarray(w, float)
-        return float((w / w.sum()) @ np.array(Ys, dtype=float))
+        uniq = np.unique(vals)
+        return int(uniq[np.argmax([w[vals == u].sum() for u in uniq])])
