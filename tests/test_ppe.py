@@ -377,3 +377,15 @@ def test_component_mask_privacy_loss_by_monte_carlo_at_the_calibrated_radius():
         loss += _rcov_loss(Sa, Sb, sc.cov, n, rng)
         assert np.mean(loss >= cal.eps_component) <= cal.delta_component + 3 * math.sqrt(
             cal.delta_component / n)
+
+
+def test_runner_records_fail_rows_for_ppe():
+    from klrelease.experiments.runner import run_trial
+    from klrelease.experiments.settings import PPE_GAUSSIAN, get_experiment
+
+    exp = get_experiment("fig3").configured(quick=True)
+    assert PPE_GAUSSIAN in exp.mechanisms
+    rows = run_trial(exp, 0, [PPE_GAUSSIAN]).rows
+    assert len(rows) == len(exp.values)
+    assert all(r["status"] == "FAIL" and "stage configuration" in r["error"] for r in rows)
+    assert all("kl_mean" not in r for r in rows)
