@@ -389,3 +389,33 @@ def test_runner_records_fail_rows_for_ppe():
     assert len(rows) == len(exp.values)
     assert all(r["status"] == "FAIL" and "stage configuration" in r["error"] for r in rows)
     assert all("kl_mean" not in r for r in rows)
+
+
+def test_ppme_weighted_averages_of_neighbours_are_within_its_masking_radius():
+    """PPME popularity lemma: dist_spec(mu, mu') <= 400 (r + phi) / t when both pass."""
+    from klrelease.learners.ppe.distances import SpectralDistance
+
+    rng = np.random.default_rng(17)
+    dist, t, d = SpectralDistance(), 150, 2
+    truth = truth_gmm(d, 1, rng)
+    tau = 1.0 / dist.z
+    checked = 0
+    for s in (60, 120, 400):
+        Ys = [Y.covariances[0] for Y in oracle_outputs(truth, s, t, rng)]
+        for i in (0, 3, 77):
+            for bad in (1e4 * np.eye(d), np.zeros((d, d)), Ys[i + 1]):
+                Y2 = list(Ys)
+                Y2[i] = bad
+                outs = []
+                for Z in (Ys, Y2):
+                    C = dist.close_matrix(Z, tau)
+                    if 5 * C.sum() < 4 * t * t:  # Q < 0.8: this dataset cannot pass
+                        break
+                    q = C.sum(1) / t
+                    w = np.minimum(1.0, 10.0 * np.maximum(0.0, q - 0.6))
+                    keep = np.flatnonzero(w > 0)
+                    outs.append(dist.average([Z[k] for k in keep], w[keep]))
+                if len(outs) == 2:
+                    checked += 1
+                    assert dist(outs[0], outs[1]) <= 400 * (1.0 + dist.phi) / t
+    assert checked >= 6
