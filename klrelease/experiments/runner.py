@@ -149,6 +149,8 @@ def run_trial(exp: Experiment, trial: int, mechs: list[MechanismSpec]) -> TrialO
                 except MechanismFailed as exc:  # the mechanism's FAIL output
                     row.update(status="FAIL", error=_one_line(exc),
                                plan_seconds=time.perf_counter() - t0)
+                    if spec.id not in out.guarantees:  # raised by a draw of this plan
+                        out.guarantees[spec.id] = {**_guarantee_record(p), "recorded_at_x": value}
                     p = None
                 except Exception as exc:  # recorded in the row, never dropped
                     row.update(status="error", error=f"{type(exc).__name__}: {_one_line(exc)}",
