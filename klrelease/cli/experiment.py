@@ -25,14 +25,24 @@ def _learners_speed(*, out: Path, quick: bool, trials: int | None) -> str:
     return str(run_speed_check(out))
 
 
+def _ppe_regimes(*, out: Path, quick: bool, trials: int | None) -> str:
+    from ..experiments.ppe_regimes import run_ppe_regimes
+
+    rec = run_ppe_regimes(quick=quick, out=out, reps=trials)
+    return (f"ppe-regimes: {rec['wall_seconds']:.1f} s, all within tolerance: "
+            f"{rec['all_within_tolerance']} -> {', '.join(rec['paths'])}")
+
+
 def _extra_experiments() -> dict:
     """Studies beyond the paper's synthetic sweeps: name -> runner returning a summary line."""
-    return {"learners-regimes": _learners_regimes, "learners-speed": _learners_speed}
+    return {"ppe-regimes": _ppe_regimes, "learners-regimes": _learners_regimes,
+            "learners-speed": _learners_speed}
 
 
 @app.command("experiment")
 def experiment_command(
-    name: Annotated[str, typer.Argument(help="fig1..fig5, fig13, or a study: learners-regimes, learners-speed")],
+    name: Annotated[str, typer.Argument(
+        help="fig1..fig5, fig13, or a study: ppe-regimes, learners-regimes, learners-speed")],
     quick: Annotated[bool, typer.Option("--quick", help="a reduced run for CI (seconds)")] = False,
     trials: Annotated[int | None, typer.Option("--trials", help="number of datasets")] = None,
     out: Annotated[Path, typer.Option("--out", help="parent folder of the results")] = Path(

@@ -81,9 +81,21 @@ def plot_experiment(exp: Experiment, summary: list[dict], labels: dict[str, str]
     axes[0].set_title("mean over datasets, 95% bootstrap CI", fontsize=9)
     axes[1].set_title("median over datasets, interquartile range", fontsize=9)
     axes[0].legend(fontsize=7, loc="best")
+    bottom = 0.0
+    failed = [r for r in summary if r.get("n_failed")]
+    if failed:  # results that failed are stated on the figure, not dropped silently
+        lines = []
+        for m in dict.fromkeys(r["mechanism"] for r in failed):
+            recs = [r for r in summary if r["mechanism"] == m]
+            xs = [f"{r['x']:g}" for r in recs if r.get("n_failed")]
+            lines.append(f"{labels.get(m, m)}: FAIL/error in {sum(r['n_failed'] for r in recs)}"
+                         f" of {sum(r['n_trials'] for r in recs)} results (x = {', '.join(xs)};"
+                         " see the CSV)")
+        fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, color="crimson", va="bottom")
+        bottom = 0.03 + 0.03 * len(lines)
     fig.suptitle(f"{exp.name}: {exp.title}  ({exp.trials} datasets x {exp.n_draws} releases)",
                  fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0.0, bottom, 1.0, 1.0))
     path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)

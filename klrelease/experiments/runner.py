@@ -18,7 +18,10 @@ non-private model is the GMM of the clipped rows (the paper fits after clipping)
 against the GMM of the raw rows, which adds the clipping bias, is reported beside it.
 
 A mechanism that fails on a dataset (bad input, solver failure) gives a row with
-``status = "error"`` and the one-line message; nothing is silently dropped. Warnings raised by a
+``status = "error"`` and the one-line message; a mechanism that returns FAIL (raises
+:class:`~klrelease.learners.result.MechanismFailed`) in every draw gives ``status = "FAIL"``
+with its stage and reason, and FAILs in some draws are counted in ``error``; nothing is
+silently dropped. Warnings raised by a
 mechanism (for instance that its guarantee fails) are recorded once per distinct message with a
 count, together with the guarantee each mechanism states, before being kept off the console.
 """
@@ -36,6 +39,7 @@ import numpy as np
 
 from ..gmm import fit_gmm
 from ..kl import kl_divergence
+from ..learners.result import MechanismFailed
 from ..mechanisms import get_mechanism
 from ..mechanisms import mechanisms as registered_mechanisms
 from ..release import plan as make_plan
@@ -130,11 +134,24 @@ def run_trial(exp: Experiment, trial: int, mechs: list[MechanismSpec]) -> TrialO
                     p = make_plan(X, y, epsilon=eps, delta=exp.delta, mechanism=spec.name,
                                   **options)
                     plan_s = time.perf_counter() - t0
-                    draws = [p.draw(rng) for _ in range(exp.n_draws)]
+                    draws, fails = [], []
+                    for _ in range(exp.n_draws):
+                        try:
+                            draws.append(p.draw(rng))
+                        except MechanismFailed as exc:  # a FAIL output: recorded, not dropped
+                            fails.append(exc)
+                    if not draws:
+                        raise fails[-1]
                     kls = np.array([kl_divergence(g, reference) for g in draws])
                     raw = None
                     if raw_reference is not None:
                         raw = np.array([kl_divergence(g, raw_reference) for g in draws])
+                except MechanismFailed as exc:  # the mechanism's FAIL output
+                    row.update(status="FAIL", error=_one_line(exc),
+                               plan_seconds=time.perf_counter() - t0)
+                    if spec.id not in out.guarantees:  # raised by a draw of this plan
+                        out.guarantees[spec.id] = {**_guarantee_record(p), "recorded_at_x": value}
+                    p = None
                 except Exception as exc:  # recorded in the row, never dropped
                     row.update(status="error", error=f"{type(exc).__name__}: {_one_line(exc)}",
                                plan_seconds=time.perf_counter() - t0)
@@ -157,7 +174,9 @@ def run_trial(exp: Experiment, trial: int, mechs: list[MechanismSpec]) -> TrialO
                 objective=float(design.objective) if design is not None else None,
                 kl_vs_raw_mean=float(raw.mean()) if raw is not None else None,
                 certified=bool(p.guarantee.certified), plan_seconds=plan_s,
-                status="ok" if np.all(np.isfinite(kls)) else "non-finite", error="",
+                status="ok" if np.all(np.isfinite(kls)) else "non-finite",
+                error=(f"FAIL in {len(fails)} of {exp.n_draws} draws: {_one_line(fails[-1])}"
+                       if fails else ""),
             )
             out.rows.append(row)
     return out

@@ -13,7 +13,10 @@ from ..gmm import GMM
 from ..mechanisms.base import Guarantee
 from ..rng import make_rng
 
-__all__ = ["LearnResult", "Learner", "get_learner", "learn", "learners", "register_learner"]
+__all__ = [
+    "LearnResult", "Learner", "MechanismFailed", "get_learner", "learn", "learners",
+    "register_learner",
+]
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,19 @@ def _jsonable(value):
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+class MechanismFailed(Exception):
+    """A labelled release mechanism returned FAIL (raised by ``Plan.sample``).
+
+    The FAIL is an output of the mechanism, covered by its privacy proof: ``stage`` names the
+    step that failed and ``reason`` states it with public numbers only.
+    """
+
+    def __init__(self, stage: str, reason: str):
+        super().__init__(f"FAIL at stage {stage}: {reason}")
+        self.stage = stage
+        self.reason = reason
 
 
 #: A learner: ``fn(X, n_components, *, epsilon, delta, rng, **options) -> LearnResult``.

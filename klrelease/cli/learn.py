@@ -1,0 +1,97 @@
+"""``klrelease learn``: a private GMM from unlabelled rows of a CSV file; ``klrelease learners``.
+
+Exit status: 0 when a GMM was released, 3 when the learner returned FAIL (the stage and reason
+are printed and the FAIL result is written, since it is the mechanism's output), 2 for bad
+input (one line, nothing written).
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from .app import BadInput, _write_atomic, app, err_console, out_console
+
+__all__ = ["learn_command", "list_learners", "read_unlabelled_csv"]
+
+
+def read_unlabelled_csv(path: Path, columns: str | None) -> tuple[np.ndarray, list[str]]:
+    """Numeric columns of a CSV with a header row (all of them, or the named ones)."""
+    try:
+        with Path(path).open(newline="") as fh:
+            rows = [r for r in csv.reader(fh) if r]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"cannot read {path}: {exc.__class__.__name__}") from None
+    if len(rows) < 2:
+        raise BadInput(f"{path} needs a header row and at least one data row")
+    header, body = rows[0], rows[1:]
+    if any(len(r) != len(header) for r in body):
+        raise BadInput(f"{path} has rows with a different number of fields than its header")
+    names = header if columns is None else [c.strip() for c in columns.split(",") if c.strip()]
+    missing = [c for c in names if c not in header]
+    if missing or not names:
+        raise BadInput(f"{path} has no column(s) {', '.join(map(repr, missing)) or 'given'}")
+    idx = [header.index(c) for c in names]
+    try:
+        X = np.array([[float(r[i]) for i in idx] for r in body])
+    except ValueError:
+        raise BadInput(f"{path}: the selected columns must be numeric") from None
+    return X, names
+
+
+@app.command("learn")
+def learn_command(
+    csv_path: Annotated[Path, typer.Option("--csv", help="CSV file with a header row")],
+    components: Annotated[int, typer.Option("--components", help="number of components K")],
+    epsilon: Annotated[float, typer.Option(help="privacy parameter epsilon (> 0)")],
+    delta: Annotated[float, typer.Option(help="privacy parameter delta, in (0, 1)")],
+    learner: Annotated[str, typer.Option(help="a registered learner (klrelease learners)")],
+    out: Annotated[Path, typer.Option("--out", help="where to write the result (JSON)")],
+    columns: Annotated[str | None, typer.Option(help="comma-separated columns (default all)")]
+    = None,
+    seed: Annotated[int | None, typer.Option(help="seed: reproducible, not secure")] = None,
+):
+    """Learn a GMM privately from unlabelled rows; FAIL exits with status 3."""
+    from ..learners import get_learner, learn
+
+    fn = get_learner(learner)  # unknown names list the registered learners (exit 2)
+    X, _ = read_unlabelled_csv(csv_path, columns)
+    if out.parent and not out.parent.exists():
+        raise BadInput(f"cannot write {out}: directory {out.parent} does not exist")
+    options = {}
+    if "progress" in inspect.signature(fn).parameters:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        bar = Progress(SpinnerColumn(), TextColumn(f"[bold]{learner}[/] {{task.completed}} "
+                                                   "block steps"), TimeElapsedColumn(),
+                       console=err_console, transient=True)
+        task = bar.add_task(learner, total=None)
+        options["progress"] = lambda k=1: bar.advance(task, k)
+        with bar:
+            res = learn(X, components, epsilon=epsilon, delta=delta, learner=learner,
+                        seed=seed, **options)
+    else:
+        res = learn(X, components, epsilon=epsilon, delta=delta, learner=learner, seed=seed)
+    _write_atomic(out, res.to_json() + "\n")
+    if res.failed:
+        err_console.print(f"FAIL at stage {res.stage}: {res.reason}")
+        err_console.print(f"result written to {out}")
+        raise typer.Exit(3)
+    out_console.print(f"{learner}: released a {res.gmm.n_components}-component GMM "
+                      f"({res.guarantee.epsilon:g}, {res.guarantee.delta:g}) under "
+                      f"{res.guarantee.neighbouring} -> {out}")
+
+
+@app.command("learners")
+def list_learners():
+    """List the registered unlabelled-data learners."""
+    from ..learners import get_learner, learners
+
+    for name in learners():
+        doc = (inspect.getdoc(get_learner(name)) or "").splitlines()
+        out_console.print(f"{name:20s} {doc[0] if doc else ''}")
