@@ -256,3 +256,4 @@ def run() -> None:
 
 from .audit.cli import audit_command  # noqa: E402,F401  (registers the command)
 from .experiments.cli import experiment_command  # noqa: E402,F401  (registers the command)
+from .plot_cli import plot_command  # noqa: E402,F401  (registers the command)

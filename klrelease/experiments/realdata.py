@@ -99,7 +99,7 @@ def table1_synthetic(rng: np.random.Generator, *, n_features: int = 12,
 
 
 def mnist_folder() -> Path:
-    """Where the MNIST files are looked up (``$KLRELEASE_MNIST_DIR`` or ``../shared/data/mnist``)."""
+    """The MNIST folder: ``$KLRELEASE_MNIST_DIR``, else ``../shared/data/mnist`` from the root."""
     env = os.environ.get(MNIST_ENV)
     if env:
         return Path(env)
