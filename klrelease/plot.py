@@ -123,15 +123,17 @@ def marginals(
         raise ValueError("reference must have the same classes and features as the release")
     lab = None
     if data is not None:
+        data_names = None
         if isinstance(data, LabelledData):
             y = np.asarray(data.classes, dtype=object)[data.codes]
-            X = data.X
+            X, data_names = data.X, data.feature_names
         else:
             try:
                 X, y = data
             except (TypeError, ValueError):
                 raise ValueError("data must be a LabelledData or a pair (X, y)") from None
-        lab = as_labelled_data(X, y, classes=first.classes, min_class_size=1)
+        lab = as_labelled_data(X, y, classes=first.classes, min_class_size=1,
+                               feature_names=data_names)
         if lab.n_features != d:
             raise ValueError(f"data has {lab.n_features} features; the release has {d}")
     names = list(feature_names or getattr(first_obj, "feature_names", None) or
@@ -182,11 +184,17 @@ def marginals(
             if c == 0:
                 ax.set_ylabel(names[j], fontsize=8)
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 5), fontsize=8,
+    width, height = fig.get_size_inches()
+    ncol = max(1, min(len(labels), int(width // 3.2)))
+    legend_rows = -(-len(labels) // ncol)
+    fig.legend(handles, labels, loc="upper center", ncol=ncol, fontsize=8,
                bbox_to_anchor=(0.5, 1.0), frameon=False)
     if title:
-        fig.suptitle(title, fontsize=10, y=0.01, va="bottom")
-    fig.tight_layout(rect=(0, 0.03 if title else 0, 1, 1 - 0.5 / (1.9 * nr + 0.9)))
+        fig.suptitle(title, fontsize=9, y=0.005, va="bottom")
+    height += 0.2 * legend_rows - 0.5
+    fig.set_size_inches(width, height)
+    fig.tight_layout(rect=(0, 0.3 / height if title else 0, 1,
+                           1 - (0.19 * legend_rows + 0.05) / height))
     if out is not None:
         fig.savefig(Path(out), dpi=110)
     return fig
