@@ -136,8 +136,11 @@ def marginals(
                                feature_names=data_names)
         if lab.n_features != d:
             raise ValueError(f"data has {lab.n_features} features; the release has {d}")
-    names = list(feature_names or getattr(first_obj, "feature_names", None) or
-                 (lab.feature_names if lab is not None else ()) or [f"x{j}" for j in range(d)])
+    default = [f"x{j}" for j in range(d)]
+    own = list(getattr(first_obj, "feature_names", None) or ())
+    if lab is not None and own in ([], default):  # the data's names beat generic ones
+        own = list(lab.feature_names)
+    names = list(feature_names or own or default)
     if len(names) != d:
         names = [f"x{j}" for j in range(d)]
     feats = resolve_features(features, d, names)

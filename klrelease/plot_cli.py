@@ -42,7 +42,8 @@ def plot_command(
     pair = None
     if data is not None:
         X, y, names = load_csv(data, label_column)
-        if rel.feature_names and list(names) != list(rel.feature_names):
+        generic = [f"x{j}" for j in range(rel.gmm.n_features)]
+        if rel.feature_names not in ([], generic) and list(names) != list(rel.feature_names):
             raise BadInput(f"the columns of {data} are not the features of the release "
                            f"({', '.join(rel.feature_names)})")
         pair = (X, y)

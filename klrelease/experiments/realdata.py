@@ -23,6 +23,7 @@ names the folder.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 from dataclasses import dataclass
@@ -119,6 +120,16 @@ def _read_idx(path: Path, magic: int, ndim: int) -> np.ndarray:
     return body.reshape(shape)
 
 
+def _check_mnist(folder) -> Path:
+    folder = mnist_folder() if folder is None else Path(folder)
+    if not all((folder / f).is_file() for f in _MNIST_FILES):
+        raise DataUnavailable(
+            f"MNIST data not found: {folder} must hold {' and '.join(_MNIST_FILES)} (set "
+            f"{MNIST_ENV} to the folder that holds them)"
+        )
+    return folder
+
+
 def load_mnist_test(folder: str | os.PathLike | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The 10,000 MNIST test images (uint8, 10000 x 784) and their labels (0-9).
 
@@ -127,13 +138,7 @@ def load_mnist_test(folder: str | os.PathLike | None = None) -> tuple[np.ndarray
     DataUnavailable
         If the folder or one of its two files is missing.
     """
-    folder = mnist_folder() if folder is None else Path(folder)
-    missing = [f for f in _MNIST_FILES if not (folder / f).is_file()]
-    if missing:
-        raise DataUnavailable(
-            f"MNIST data not found: {folder} must hold {' and '.join(_MNIST_FILES)} (set "
-            f"{MNIST_ENV} to the folder that holds them)"
-        )
+    folder = _check_mnist(folder)
     try:
         images = _read_idx(folder / _MNIST_FILES[0], 2051, 3)
         labels = _read_idx(folder / _MNIST_FILES[1], 2049, 1)
@@ -167,8 +172,15 @@ def mnist_split(*, n_train: int = 5000, n_components: int = 5, seed: int = 0,
     """Split the test images at random into training and test halves; PCA fitted on training.
 
     Pixels are scaled to [0, 1]; the PCA (scikit-learn, exact SVD) is fitted on the training
-    images only and applied to both halves.
+    images only and applied to both halves. The result is cached per process (its arrays are
+    read-only).
     """
+    folder = _check_mnist(folder)  # a clear error when the files are absent
+    return _mnist_split(int(n_train), int(n_components), int(seed), str(folder.resolve()))
+
+
+@functools.lru_cache(maxsize=4)
+def _mnist_split(n_train: int, n_components: int, seed: int, folder: str) -> MnistSplit:
     from sklearn.decomposition import PCA
 
     images, digits = load_mnist_test(folder)
@@ -182,4 +194,7 @@ def mnist_split(*, n_train: int = 5000, n_components: int = 5, seed: int = 0,
     Z_tr, Z_te = pca.transform(pixels[tr]), pca.transform(pixels[te])
     names = [f"pc{i + 1}" for i in range(int(n_components))]
     train = as_labelled_data(Z_tr, digits[tr], classes=tuple(range(10)), feature_names=names)
-    return MnistSplit(train, Z_te, digits[te], pca.explained_variance_ratio_, int(seed))
+    y_te = digits[te]
+    for arr in (train.X, train.codes, Z_te, y_te):
+        arr.setflags(write=False)
+    return MnistSplit(train, Z_te, y_te, pca.explained_variance_ratio_, int(seed))
