@@ -13,7 +13,9 @@ versioned :class:`Release` artifact. Only a release whose ``privacy.certified`` 
 proven guarantee.
 """
 
-from . import audit  # a callable module: klrelease.audit(mechanism, X, y, ...)
+# audit is a callable module: klrelease.audit(mechanism, X, y, ...);
+# plot holds klrelease.plot.marginals(release, ...)
+from . import audit, plot
 from ._version import __version__
 from .artifact import Release
 from .audit import AuditReport
@@ -40,5 +42,6 @@ __all__ = [
     "load_dataset",
     "mechanisms",
     "plan",
+    "plot",
     "release",
 ]
