@@ -613,7 +613,7 @@ def _plot_kl(exp, summaries, labels, path, accuracy=None):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     unit = "releases" if "table1-synthetic" not in exp.datasets else "releases / datasets"
-    fig.suptitle(f"{exp.name}: {exp.title}  (delta = {exp.delta:g}, {exp.trials} {unit} "
+    fig.suptitle(f"{exp.name}: {exp.title}\n(delta = {exp.delta:g}, {exp.trials} {unit} "
                  "per point; mean with 95% bootstrap CI)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -647,7 +647,8 @@ def _plot_mlp(exp, extra, labels, path):
         ax.grid(True, alpha=0.3)
         ax.set_title(f"MLP trained on samples of {labels.get(spec.id, spec.id)}", fontsize=9)
         ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"{exp.name}: {exp.title} (mean of {exp.trials} runs per curve)", fontsize=10)
+    fig.suptitle(f"{exp.name}: {exp.title}\n(mean of {exp.trials} runs per curve; "
+                 "5,000 held-out test images)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
