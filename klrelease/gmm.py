@@ -180,9 +180,12 @@ class GMM:
         """log w_k + log N(x; mu_k, Sigma_k), shape (n, K)."""
         from scipy.stats import multivariate_normal
 
-        X = np.asarray(X, dtype=float)
-        if X.ndim == 1:
-            X = X.reshape(1, -1)
+        try:
+            X = np.asarray(X, dtype=float)
+        except (TypeError, ValueError):
+            raise ValueError("X must be a numeric array of shape (n, d)") from None
+        if X.ndim == 1:  # one row, or (d = 1) one value per row
+            X = X.reshape(-1, 1) if self.n_features == 1 else X.reshape(1, -1)
         if X.ndim != 2 or X.shape[1] != self.n_features:
             raise ValueError(f"X must have shape (n, {self.n_features}), got {X.shape}")
         if not np.all(np.isfinite(X)):
