@@ -580,10 +580,18 @@ def _plot_kl(exp, summaries, labels, path, accuracy=None):
     for ax, (dataset, what) in zip(axes[0], panels, strict=True):
         summary = summaries[dataset] if what == "kl" else accuracy["summary"]
         mechs = list(dict.fromkeys(r["mechanism"] for r in summary))
+        # over datasets the KL is heavily skewed: the synthetic panel shows medians
+        centre = "median" if dataset == "table1-synthetic" else "mean"
+        failed = [labels.get(m, m) for m in mechs
+                  if all(r.get("n_ok", 1) == 0 for r in summary if r["mechanism"] == m)]
+        if failed:
+            ax.text(0.02, 0.98, "no result (every run raised; see the JSON):\n"
+                    + "\n".join(failed), transform=ax.transAxes, fontsize=7, va="top",
+                    color="firebrick")
         for j, m in enumerate(mechs):
             c = colours[j % len(colours)]
             if what == "kl":
-                _draw(ax, *_series(summary, m, "kl"), c, labels.get(m, m))
+                _draw(ax, *_series(summary, m, "kl", centre), c, labels.get(m, m))
             else:
                 recs = [r for r in summary if r["mechanism"] == m]
                 x = np.array([r["x"] for r in recs], dtype=float)
@@ -598,7 +606,9 @@ def _plot_kl(exp, summaries, labels, path, accuracy=None):
             ax.set_yscale("log")
             ax.yaxis.set_minor_formatter(NullFormatter())
             ax.set_ylabel("E[KL(released || non-private)]")
-            ax.set_title(DATASET_TITLES[dataset], fontsize=9)
+            ax.set_title(DATASET_TITLES[dataset] + (
+                "\nmedian over datasets, interquartile range" if centre == "median" else
+                "\nmean over releases, 95% bootstrap CI"), fontsize=9)
         else:
             ax.axhline(accuracy["non_private"], color="k", linestyle="--",
                        label=f"non-private GMM ({accuracy['non_private']:.3f})")
@@ -612,9 +622,12 @@ def _plot_kl(exp, summaries, labels, path, accuracy=None):
         ax.set_xlabel("privacy level $\\epsilon$")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="best")
-    unit = "releases" if "table1-synthetic" not in exp.datasets else "releases / datasets"
-    fig.suptitle(f"{exp.name}: {exp.title}\n(delta = {exp.delta:g}, {exp.trials} {unit} "
-                 "per point; mean with 95% bootstrap CI)", fontsize=10)
+    if "table1-synthetic" in exp.datasets:
+        unit = f"releases per point; synthetic: datasets x {exp.n_draws} releases"
+    else:
+        unit = "releases per point"
+    fig.suptitle(f"{exp.name}: {exp.title}\n(delta = {exp.delta:g}, {exp.trials} {unit})",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
