@@ -587,7 +587,8 @@ def _plot_kl(exp, summaries, labels, path, accuracy=None):
         if failed:
             ax.text(0.02, 0.98, "no result (every run raised; see the JSON):\n"
                     + "\n".join(failed), transform=ax.transAxes, fontsize=7, va="top",
-                    color="firebrick")
+                    color="firebrick", zorder=5,
+                    bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none"})
         for j, m in enumerate(mechs):
             c = colours[j % len(colours)]
             if what == "kl":
