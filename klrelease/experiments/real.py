@@ -575,7 +575,8 @@ def _plot_kl(exp, summaries, labels, path, accuracy=None):
 
     panels = [(d, "kl") for d in exp.datasets] if accuracy is None else [
         (exp.datasets[0], "kl"), (exp.datasets[0], "accuracy")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.8), squeeze=False)
+    width = 6.4 * len(panels) + (2.6 if accuracy is not None else 0.0)
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, 4.8), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (dataset, what) in zip(axes[0], panels, strict=True):
         summary = summaries[dataset] if what == "kl" else accuracy["summary"]
@@ -622,7 +623,10 @@ def _plot_kl(exp, summaries, labels, path, accuracy=None):
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("privacy level $\\epsilon$")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        if what == "kl":
+            ax.legend(fontsize=7, loc="best")
+        else:  # outside: the accuracy curves fill the panel
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if "table1-synthetic" in exp.datasets:
         unit = f"releases per point; synthetic: datasets x {exp.n_draws} releases"
     else:
