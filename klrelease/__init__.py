@@ -16,7 +16,9 @@ proven guarantee; every other release warns with
 :class:`GMMReleaser` is the scikit-learn estimator around :func:`release`.
 """
 
-from . import audit  # a callable module: klrelease.audit(mechanism, X, y, ...)
+# audit is a callable module: klrelease.audit(mechanism, X, y, ...);
+# plot holds klrelease.plot.marginals(release, ...)
+from . import audit, plot
 from ._version import __version__
 from .artifact import Release
 from .audit import AuditReport
@@ -49,5 +51,6 @@ __all__ = [
     "load_dataset",
     "mechanisms",
     "plan",
+    "plot",
     "release",
 ]

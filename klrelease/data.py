@@ -21,6 +21,9 @@ __all__ = [
     "load_dataset",
     "load_csv",
     "load_npz",
+    "kmeans_classes",
+    "load_italy_power",
+    "read_ts",
     "DATASETS",
 ]
 
@@ -261,6 +264,13 @@ DATASETS = {
         "bounds": ([4.0, 2.0, 1.0, 0.0], [8.0, 4.5, 7.0, 2.6]),
         "classes": ("setosa", "versicolor", "virginica"),
     },
+    "italy-power": {
+        "files": ("ItalyPowerDemand_TRAIN.ts", "ItalyPowerDemand_TEST.ts"),
+        "window": (8, 20),
+        "n_clusters": 6,
+        "kmeans_seed": 0,
+        "classes": (1, 2, 3, 4, 5, 6),
+    },
 }
 
 
@@ -327,10 +337,101 @@ def _bundled_file(filename: str) -> Path:
 
 
 def load_dataset(name: str) -> LabelledData:
-    """Load a bundled dataset (raw features, public bounds attached)."""
+    """Load a bundled dataset (raw features, public bounds and classes attached)."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(sorted(DATASETS))}")
     meta = DATASETS[name]
+    if name == "italy-power":
+        return load_italy_power()
     X, y, names = load_csv(_bundled_file(meta["file"]), meta["label_column"])
-    return as_labelled_data(X, y, classes=meta.get("classes"), bounds=meta["bounds"],
+    return as_labelled_data(X, y, classes=meta["classes"], bounds=meta["bounds"],
                             feature_names=names, min_class_size=0)
+
+
+def read_ts(path) -> tuple[np.ndarray, np.ndarray]:
+    """Read a univariate, equal-length ``.ts`` file (sktime format): ``(series, labels)``.
+
+    Header lines start with ``#`` or ``@``; each data line holds comma-separated values, a
+    colon and the class label.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
+    series, labels = [], []
+    for line in lines:
+        line = line.strip()
+        if not line or line[0] in "#@":
+            continue
+        values, sep, label = line.rpartition(":")
+        if not sep:
+            raise ValueError(f"{path}: a data line has no ':label' suffix")
+        try:
+            series.append([float(v) for v in values.split(",")])
+        except ValueError:
+            raise ValueError(f"{path}: a data line holds a non-numeric value") from None
+        labels.append(label.strip())
+    if not series or len({len(s) for s in series}) != 1:
+        raise ValueError(f"{path}: expected equal-length series")
+    return np.array(series), np.array(labels)
+
+
+def kmeans_classes(X: np.ndarray, n_clusters: int, seed: int) -> np.ndarray:
+    """Classes ``1..K`` from K-means (10 restarts, fixed seed), numbered by decreasing size.
+
+    Ties in size keep scikit-learn's cluster order. A preprocessing step run on the data
+    itself: see ``data/README.md`` for what a release of such classes assumes.
+    """
+    from sklearn.cluster import KMeans
+
+    if int(n_clusters) < 2:
+        raise ValueError(f"n_clusters must be >= 2, got {n_clusters!r}")
+    km = KMeans(n_clusters=int(n_clusters), n_init=10, random_state=int(seed)).fit(X)
+    sizes = np.bincount(km.labels_, minlength=int(n_clusters))
+    order = np.argsort(-sizes, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return rank[km.labels_].astype(np.int64) + 1
+
+
+def load_italy_power(
+    *, window: tuple[int, int] | None = None, n_clusters: int | None = None,
+    seed: int | None = None, labels: str = "kmeans",
+) -> LabelledData:
+    """The bundled ItalyPowerDemand daily load profiles as a labelled dataset.
+
+    The 67 + 1029 days of the two files are concatenated (TRAIN first). The features are the
+    hourly values ``window[0] .. window[1] - 1`` (default 08:00-19:00, d = 12) of the
+    z-normalised daily profile.
+
+    Parameters
+    ----------
+    window : (start, stop), optional
+        Hours kept (``0 <= start < stop <= 24``). Default ``(8, 20)``.
+    n_clusters : int, optional
+        With ``labels="kmeans"``: K, default 6.
+    seed : int, optional
+        With ``labels="kmeans"``: the K-means seed, default 0.
+    labels : {"kmeans", "season"}
+        ``"kmeans"`` (the paper's preprocessing): classes 1..K from K-means (scikit-learn,
+        10 restarts) on the windowed profiles, numbered by decreasing cluster size.
+        ``"season"``: the archive's label (1 = October-March, 2 = April-September).
+    """
+    meta = DATASETS["italy-power"]
+    start, stop = meta["window"] if window is None else window
+    if not (0 <= int(start) < int(stop) <= 24):
+        raise ValueError(f"window must satisfy 0 <= start < stop <= 24, got {window!r}")
+    parts = [read_ts(_bundled_file(f)) for f in meta["files"]]
+    series = np.concatenate([p[0] for p in parts])
+    season = np.concatenate([p[1] for p in parts]).astype(np.int64)
+    X = series[:, int(start):int(stop)]
+    names = [f"h{h:02d}" for h in range(int(start), int(stop))]
+    if labels == "season":
+        return as_labelled_data(X, season, classes=(1, 2), feature_names=names, min_class_size=0)
+    if labels != "kmeans":
+        raise ValueError(f"labels must be 'kmeans' or 'season', got {labels!r}")
+    K = meta["n_clusters"] if n_clusters is None else int(n_clusters)
+    y = kmeans_classes(X, K, meta["kmeans_seed"] if seed is None else int(seed))
+    return as_labelled_data(X, y, classes=tuple(range(1, K + 1)), feature_names=names,
+                            min_class_size=1)

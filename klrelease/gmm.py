@@ -87,13 +87,86 @@ class GMM:
         gm.n_features_in_ = self.n_features
         return gm
 
-    def sample(self, n: int, seed: int | np.random.Generator | None = None):
-        """Draw ``n`` labelled points; returns ``(X, y)`` with ``y`` holding class labels."""
+    def _labels_of(self, comp: np.ndarray) -> np.ndarray:
+        labels = np.asarray(self.classes, dtype=object)[comp]
+        try:
+            labels = labels.astype(type(self.classes[0]))
+        except (TypeError, ValueError):
+            pass
+        return labels
+
+    def class_counts(self, n: int, per_class="weights") -> np.ndarray:
+        """How many of ``n`` rows each class gets in :meth:`sample` with ``per_class``.
+
+        ``"weights"``: ``n * weights`` rounded by largest remainders (ties to the lower class
+        index), so the counts sum to ``n`` and follow the released weights as closely as
+        integers can. A sequence of K counts, or a mapping from class label to count (absent
+        classes get 0): those counts, which must sum to ``n``.
+        """
+        if isinstance(n, bool) or int(n) != n or n < 0:
+            raise ValueError(f"n must be a non-negative integer, got {n!r}")
+        n, K = int(n), self.n_components
+        if isinstance(per_class, str):
+            if per_class != "weights":
+                raise ValueError(f"per_class must be 'weights', counts or a mapping, got "
+                                 f"{per_class!r}")
+            exact = n * self.weights
+            counts = np.floor(exact).astype(np.int64)
+            rest = n - int(counts.sum())
+            if rest:
+                order = np.lexsort((np.arange(K), -(exact - counts)))
+                counts[order[:rest]] += 1
+            return counts
+        if isinstance(per_class, dict):
+            index = {c: i for i, c in enumerate(self.classes)}
+            unknown = [c for c in per_class if c not in index]
+            if unknown:
+                raise ValueError(f"per_class names a label that is not a class: {unknown[0]!r}")
+            raw = np.zeros(K)
+            for c, v in per_class.items():
+                raw[index[c]] = v
+        else:
+            try:
+                raw = np.asarray(per_class, dtype=float).reshape(-1)
+            except (TypeError, ValueError):
+                raise ValueError("per_class must be 'weights', counts or a mapping") from None
+            if raw.size != K:
+                raise ValueError(f"per_class must hold one count per class ({K}), got "
+                                 f"{raw.size}")
+        if not np.all(np.isfinite(raw)) or np.any(raw < 0) or np.any(raw != np.round(raw)):
+            raise ValueError("per_class counts must be non-negative integers")
+        counts = raw.astype(np.int64)
+        if int(counts.sum()) != n:
+            raise ValueError(f"per_class counts sum to {int(counts.sum())}, not n = {n}")
+        return counts
+
+    def sample(self, n: int, seed: int | np.random.Generator | None = None, *,
+               per_class=None):
+        """Draw ``n`` labelled points; returns ``(X, y)`` with ``y`` holding class labels.
+
+        Parameters
+        ----------
+        n : int
+            Number of rows.
+        seed : int, Generator or None
+            Randomness of the draw.
+        per_class : None, "weights", sequence or mapping, optional
+            None (default): each row's class is drawn from the weights (multinomial class
+            histogram). Otherwise the class histogram is fixed exactly by
+            :meth:`class_counts` (``"weights"``: ``n`` apportioned by the weights; or explicit
+            counts per class) and the rows are returned in random order. Sampling from a
+            release is post-processing; passing the exact class counts of private data would
+            publish them, so a data owner uses ``"weights"`` (the released weights).
+        """
         if int(n) != n or n < 0:
             raise ValueError(f"n must be a non-negative integer, got {n!r}")
         rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         n = int(n)
-        comp = rng.choice(self.n_components, size=n, p=self.weights)
+        if per_class is None:
+            comp = rng.choice(self.n_components, size=n, p=self.weights)
+        else:
+            counts = self.class_counts(n, per_class)
+            comp = rng.permutation(np.repeat(np.arange(self.n_components), counts))
         counts = np.bincount(comp, minlength=self.n_components)
         X = np.empty((n, self.n_features))
         for k in range(self.n_components):
@@ -101,12 +174,39 @@ class GMM:
             if counts[k]:
                 X[idx] = rng.multivariate_normal(self.means[k], self.covariances[k],
                                                  size=counts[k], method="cholesky")
-        labels = np.asarray(self.classes, dtype=object)[comp]
+        return X, self._labels_of(comp)
+
+    def _joint_log_prob(self, X) -> np.ndarray:
+        """log w_k + log N(x; mu_k, Sigma_k), shape (n, K)."""
+        from scipy.stats import multivariate_normal
+
         try:
-            labels = labels.astype(type(self.classes[0]))
+            X = np.asarray(X, dtype=float)
         except (TypeError, ValueError):
-            pass
-        return X, labels
+            raise ValueError("X must be a numeric array of shape (n, d)") from None
+        if X.ndim == 1:  # one row, or (d = 1) one value per row
+            X = X.reshape(-1, 1) if self.n_features == 1 else X.reshape(1, -1)
+        if X.ndim != 2 or X.shape[1] != self.n_features:
+            raise ValueError(f"X must have shape (n, {self.n_features}), got {X.shape}")
+        if not np.all(np.isfinite(X)):
+            raise ValueError("X contains NaN or infinite values")
+        return np.stack([
+            multivariate_normal(self.means[k], self.covariances[k]).logpdf(X).reshape(-1)
+            for k in range(self.n_components)
+        ], axis=1) + np.log(np.maximum(self.weights, 1e-300))
+
+    def predict_proba(self, X) -> np.ndarray:
+        """Posterior class probabilities p(y = k | x), shape (n, K), columns in ``classes`` order.
+
+        Bayes' rule with the weights as priors and the class Gaussians as likelihoods.
+        """
+        from scipy.special import softmax
+
+        return softmax(self._joint_log_prob(X), axis=1)
+
+    def predict(self, X) -> np.ndarray:
+        """The most probable class of every row (maximum of w_k N(x; mu_k, Sigma_k)), as labels."""
+        return self._labels_of(np.argmax(self._joint_log_prob(X), axis=1))
 
     def log_prob(self, X: np.ndarray, y=None) -> np.ndarray:
         """log p(x) (marginal) or, with labels ``y``, the joint log p(x, y)."""

@@ -202,8 +202,8 @@ def test_a_failing_mechanism_gives_error_rows_not_a_crash():
 def test_cli_experiment(tmp_path, capsys):
     assert main(["experiment", "fig1", "--quick", "--trials", "1", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "fig1" / "fig1.csv").exists()
-    assert main(["experiment", "fig7", "--quick", "--out", str(tmp_path)]) == 2
+    assert main(["experiment", "fig99", "--quick", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "error: unknown experiment 'fig7'" in err
+    assert "error: unknown experiment 'fig99'" in err
     assert main(["experiment", "fig1", "--quick", "--trials", "0", "--out", str(tmp_path)]) == 2
-    assert not (tmp_path / "fig7").exists()
+    assert not (tmp_path / "fig99").exists()

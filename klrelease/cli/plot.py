@@ -1,0 +1,55 @@
+"""``klrelease plot RELEASE [--data FILE --label-column C] [--features F] --out FIG.png``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .app import BadInput, app, err_console
+
+__all__ = ["plot_command"]
+
+
+@app.command("plot")
+def plot_command(
+    artifact: Annotated[Path, typer.Argument(help="a release artifact (JSON)")],
+    out: Annotated[Path, typer.Option(help="PNG file to write")] = Path("release.png"),
+    data: Annotated[Path | None, typer.Option(
+        help="CSV of the data (header row): its per-class histograms are drawn too")] = None,
+    label_column: Annotated[str | None, typer.Option(help="label column of --data")] = None,
+    features: Annotated[str | None, typer.Option(
+        help="comma-separated feature names or indices (default: all)")] = None,
+    bins: Annotated[int, typer.Option(help="histogram bins")] = 20,
+):
+    """Plot the per-class marginal density of every feature of a release."""
+    import matplotlib.pyplot as plt
+
+    from ..artifact import Release
+    from ..data import load_csv
+    from ..plot import marginals
+
+    if out.suffix.lower() != ".png":
+        raise BadInput(f"--out must name a .png file, got {out}")
+    if out.parent and not out.parent.exists():
+        raise BadInput(f"cannot write {out}: directory {out.parent} does not exist")
+    if bins < 1:
+        raise BadInput(f"--bins must be >= 1, got {bins}")
+    if (data is None) != (label_column is None):
+        raise BadInput("give --data and --label-column together")
+    rel = Release.load(artifact)
+    pair = None
+    if data is not None:
+        X, y, names = load_csv(data, label_column)
+        generic = [f"x{j}" for j in range(rel.gmm.n_features)]
+        if rel.feature_names not in ([], generic) and list(names) != list(rel.feature_names):
+            raise BadInput(f"the columns of {data} are not the features of the release "
+                           f"({', '.join(rel.feature_names)})")
+        pair = (X, y)
+    feats = None if features is None else [f.strip() for f in features.split(",")]
+    fig = marginals(rel, pair, features=feats, bins=bins, out=out,
+                    title=f"{rel.mechanism} release, epsilon={rel.privacy.epsilon:g}, "
+                          f"{'certified' if rel.privacy.certified else 'NOT certified'}")
+    plt.close(fig)
+    err_console.print(f"wrote {out}")
