@@ -132,7 +132,7 @@ def run_trial(exp: Experiment, trial: int, mechs: list[MechanismSpec]) -> TrialO
                 warnings.simplefilter("always")
                 try:
                     p = make_plan(X, y, epsilon=eps, delta=exp.delta, mechanism=spec.name,
-                                  **options)
+                                  classes=list(range(setting.n_classes)), **options)
                     plan_s = time.perf_counter() - t0
                     draws, fails = [], []
                     for _ in range(exp.n_draws):
