@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 import time
 
 import numpy as np
 
+from .._threads import single_threaded_blas
 from .backends import BACKENDS
 from .canonical import Canonical, balanced_frame, canonicalise, whitened_frame
 from .problem import (
@@ -25,7 +25,6 @@ __all__ = ["SOLVERS", "available_solvers", "mean_noise_sdp"]
 #: Accepted values of ``solver=``.
 SOLVERS = ("auto", "native", "clarabel", "scs", "mosek")
 
-_BLAS = None
 
 
 def available_solvers() -> list[str]:
@@ -130,7 +129,8 @@ def mean_noise_sdp(
         BACKENDS[solver].require()
         order = [solver]
     deadline = None if time_limit is None else start + time_limit
-    with _single_threaded_blas():
+    # many small matrices and memory-bound passes: threaded BLAS only adds synchronisation
+    with single_threaded_blas():
         canon = canonicalise(A, V)
         if canon.rank == 0:
             d = A.shape[0]
@@ -229,21 +229,3 @@ def _frozen(G: np.ndarray) -> np.ndarray:
     G = np.ascontiguousarray(G)
     G.setflags(write=False)
     return G
-
-
-def _single_threaded_blas():
-    """Run BLAS single-threaded inside the solver.
-
-    Its matrices are small (``d x d``, working sets of tens to hundreds of rows) and the large
-    passes over ``V`` are memory-bound: threaded BLAS only adds synchronisation, which costs
-    orders of magnitude when the cores are busy with other work.
-    """
-    global _BLAS
-    try:
-        if _BLAS is None:
-            from threadpoolctl import ThreadpoolController
-
-            _BLAS = ThreadpoolController()
-        return _BLAS.limit(limits=1, user_api="blas")
-    except Exception:  # noqa: BLE001 - threadpoolctl missing or unsupported: run as is
-        return contextlib.nullcontext()
