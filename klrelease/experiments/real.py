@@ -592,8 +592,8 @@ def _plot_kl(exp, summaries, labels, path, accuracy=None):
         failed = [labels.get(m, m) for m in mechs
                   if all(r.get("n_ok", 1) == 0 for r in summary if r["mechanism"] == m)]
         if failed:
-            ax.text(0.02, 0.98, "no result (every run raised; see the JSON):\n"
-                    + "\n".join(failed), transform=ax.transAxes, fontsize=7, va="top",
+            ax.text(0.0, -0.21, "no result (every run returned FAIL; see the CSV): "
+                    + ", ".join(failed), transform=ax.transAxes, fontsize=7, va="top",
                     color="firebrick", zorder=5,
                     bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none"})
         for j, m in enumerate(mechs):
