@@ -112,12 +112,15 @@ def _encode_labels(y, classes) -> tuple[np.ndarray, tuple]:
     if y.dtype.kind == "f":
         if not np.all(np.isfinite(y)):
             raise ValueError("y contains NaN or infinite labels; labels must be class identifiers")
-        if np.any(y != np.round(y)):
-            raise ValueError(
-                "y contains non-integer numbers; labels must be class identifiers "
-                "(integers or strings)"
-            )
-        y = y.astype(np.int64)
+        if classes is None:
+            if np.any(y != np.round(y)):
+                raise ValueError(
+                    "y contains non-integer numbers; labels must be class identifiers "
+                    "(integers or strings)"
+                )
+            y = y.astype(np.int64)
+        # with declared classes, labels are matched to them by value: whether a label is a
+        # whole number must not decide acceptance (a flip between declared classes could)
     elif y.dtype.kind not in "iuUSOb":
         raise ValueError(f"y must hold integer or string class labels, got dtype {y.dtype}")
     if y.dtype.kind == "O":

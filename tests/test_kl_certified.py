@@ -271,3 +271,23 @@ def test_clip_ball_is_a_projection():
     assert np.all(np.linalg.norm(V, axis=1) <= 2.0 + 1e-12)
     inside = np.linalg.norm(U, axis=1) <= 2.0
     np.testing.assert_array_equal(V[inside], U[inside])
+
+
+def test_acceptance_never_depends_on_which_declared_class_a_row_has(tmp_path, capsys):
+    """Label parsing follows the declared classes, not the (private) labels: two inputs that
+    differ in one label between declared classes are both released."""
+    from klrelease.cli import main
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(4, 2))
+    for labels in (["1", "1", "2", "2"], ["1", "1", "2", "x"]):
+        path = tmp_path / "d.csv"
+        path.write_text("a,b,c\n" + "".join(f"{r[0]},{r[1]},{lab}\n"
+                                               for r, lab in zip(X, labels, strict=True)))
+        code = main(["release", "--csv", str(path), "--label-column", "c", "--classes",
+                     "1,2,x", "--epsilon", "1", "--delta", "1e-5", "--out",
+                     str(tmp_path / "r.json")])
+        assert code == 0, capsys.readouterr().err
+    for y in ([0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.5]):  # float classes, library
+        p = kr.plan(X, np.array(y), epsilon=1, delta=1e-5, classes=[0.0, 0.5, 1.0])
+        assert p.guarantee.certified

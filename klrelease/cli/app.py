@@ -226,27 +226,42 @@ def _load_input(dataset, csv_path, label_column, npz_path, classes=None):
         if label_column is None:
             _fail("--csv needs --label-column NAME")
         X, y, names = load_csv(csv_path, label_column)
-        return as_labelled_data(X, y, feature_names=names, classes=_classes_for(y, classes),
-                                min_class_size=0)
+        classes, y = _classes_for(y, classes)
+        return as_labelled_data(X, y, feature_names=names, classes=classes, min_class_size=0)
     X, y = load_npz(npz_path)
     # class sizes are checked by the release against the mechanism's own floor (none for a
     # certified mechanism: a refusal on a private class size would reveal labels)
-    return as_labelled_data(X, y, classes=_classes_for(y, classes), min_class_size=0)
+    classes, y = _classes_for(y, classes)
+    return as_labelled_data(X, y, classes=classes, min_class_size=0)
 
 
 def _classes_for(y, classes):
-    """Declared class labels in the type of the labels ``y``."""
+    """Declared classes and the labels ``y`` in one type, decided by the declaration alone.
+
+    When every declared class is an integer, labels are read as integers; otherwise labels and
+    classes are compared as text. Guessing the type from the labels would make a flip between
+    two declared classes (say ``1`` and ``x``) decide whether the input is accepted.
+    """
     if classes is None:
-        return None
-    kind = np.asarray(y).dtype.kind
+        return None, y
+    declared = [str(c).strip() for c in classes]
     try:
-        if kind in "iub":
-            return [int(c) for c in classes]
-        if kind == "f":
-            return [float(c) for c in classes]
+        ints = [int(c) for c in declared]
     except ValueError:
-        _fail("--classes must list numeric labels for this input")
-    return [str(c) for c in classes]
+        ints = None
+    labels = np.asarray(y)
+    if ints is not None:
+        if labels.dtype.kind in "iub":
+            return ints, labels
+        if labels.dtype.kind == "f":
+            if not np.all(np.isfinite(labels) & (labels == np.round(labels))):
+                _fail("the labels must be among the declared --classes")
+            return ints, labels.astype(np.int64)
+        try:
+            return ints, np.array([int(str(v).strip()) for v in labels], dtype=np.int64)
+        except ValueError:
+            _fail("the labels must be among the declared --classes")
+    return declared, np.array([str(v).strip() for v in labels], dtype=object)
 
 
 def _one_line(message) -> str:
