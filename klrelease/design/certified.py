@@ -302,7 +302,8 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     else:
         shift = means - scatter_centres
         P = (scatter - np.einsum("k,kij->ij", n, _outer(shift) - means_cov)) / dof
-        err = pub.scatter_sd * pub.n_features / dof
+        # the spectral norm of the symmetric Gaussian noise: about sigma sqrt(2 d)
+        err = pub.scatter_sd * np.sqrt(2.0 * pub.n_features) / dof
     P = 0.5 * (P + P.T)
     P = np.where(np.isfinite(P), P, 0.0)
     top = float(np.max(np.linalg.eigvalsh(P)))
