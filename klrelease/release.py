@@ -118,9 +118,10 @@ def release(
         only per-class statistics (``kl-certified``); other mechanisms materialise a Dask
         collection in memory and refuse a source.
     y : array-like of shape (N,), a Dask array, or None
-        Class labels (None when ``X`` is a source, which carries its labels). Mechanisms that use the exact class covariances (``kl-paper`` and the
-        baselines) need more than d rows in every class; ``kl-certified`` accepts any class
-        size, so its answer never depends on whether a private class is small.
+        Class labels (None when ``X`` is a source, which carries its labels). Mechanisms
+        that use the exact class covariances (``kl-paper`` and the baselines) need more than
+        d rows in every class; ``kl-certified`` accepts any class size, so its answer never
+        depends on whether a private class is small.
     epsilon, delta : float
         The privacy parameters (epsilon > 0, 0 < delta < 1).
     mechanism : str
