@@ -262,3 +262,27 @@ def test_dask_local_cluster_release_equals_in_memory():
     _assert_same_release(ref, on_cluster)
     _assert_same_release(ref, from_frame)
     assert from_frame.feature_names == ["u", "v", "w"]
+
+
+def test_cli_release_from_parquet_streams_and_on_dask(tmp_path, monkeypatch):
+    pytest.importorskip("distributed")
+    from klrelease.artifact import Release
+    from klrelease.cli import main
+
+    X, y = _data(n=3000)
+    _write_parquet(tmp_path / "pq", X, y)
+    monkeypatch.chdir(tmp_path)
+    base = ["release", "--epsilon", "1", "--delta", "1e-6", "--seed", "3",
+            "--label-column", "label", "--classes", "c0,c1,c2"]
+    assert main([*base, "--parquet", "pq/*.parquet", "--out", "a.json"]) == 0
+    assert main([*base, "--parquet", "pq", "--dask", "--out", "b.json"]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = klrelease.release(X, np.array([f"c{v}" for v in y]), epsilon=1.0, delta=1e-6,
+                                seed=3, classes=["c0", "c1", "c2"])
+    a, b = Release.load(tmp_path / "a.json"), Release.load(tmp_path / "b.json")
+    _assert_same_release(ref, a, rtol=1e-6)
+    _assert_same_release(ref, b, rtol=1e-6)
+    assert a.feature_names == ["f0", "f1", "f2"]
+    assert main([*base, "--parquet", "pq", "--mechanism", "gaussian-iid",
+                 "--out", "c.json"]) == 2
