@@ -13,6 +13,7 @@ from .kl import KLEstimate, monte_carlo_kl
 from .mechanisms import Plan, get_mechanism
 from .privacy.guarantee import BudgetAccountant
 from .rng import make_rng
+from .stream import Source, as_source, is_dask_collection
 from .warnings_ import PrivacyLeakWarning
 
 __all__ = ["plan", "release", "expected_kl"]
@@ -30,7 +31,8 @@ def _bounds_option(bounds, options: dict):
     return bounds
 
 
-def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, options):
+def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, options,
+            client=None):
     """Validate everything, then design the mechanism: (validated data, plan, options).
 
     The order is fixed: privacy parameters, mechanism and options (public inputs) first, then
@@ -47,8 +49,19 @@ def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, option
             f"{mech.name} does not use a public box of feature bounds (bounds=/--lower/--upper); "
             "give norm_bound= for its record-level relations instead"
         )
-    data = as_labelled_data(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound,
-                            min_class_size=mech.min_class_size)
+    data = None
+    if client is not None or isinstance(X, Source) or is_dask_collection(X):
+        if getattr(mech, "streams", False):
+            data = as_source(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound,
+                             client=client)
+            if data is None:
+                raise ValueError("client= goes with a Dask collection or a data source as X")
+        elif isinstance(X, Source):
+            raise ValueError(f"{mech.name} needs the data in memory; kl-certified reads a "
+                             "streamed source")
+    if data is None:  # in memory (a Dask collection is materialised for other mechanisms)
+        data = as_labelled_data(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound,
+                                min_class_size=mech.min_class_size)
     p = mech.plan(data, epsilon=eps, delta=dlt, **opts.as_dict())
     declared = mech.certifies(opts, p.public_options)
     if bool(p.guarantee.certified) != bool(declared):
@@ -68,6 +81,7 @@ def plan(
     classes=None,
     bounds=None,
     norm_bound: float | None = None,
+    client=None,
     **options,
 ) -> Plan:
     """Validate the inputs and design ``mechanism`` on ``(X, y)`` without drawing noise.
@@ -75,7 +89,8 @@ def plan(
     The returned :class:`~klrelease.mechanisms.Plan` holds private statistics: use it for
     experiments (:func:`expected_kl`) and audits, never publish it.
     """
-    return _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, options)[1]
+    return _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, options,
+                   client)[1]
 
 
 def release(
@@ -90,18 +105,23 @@ def release(
     bounds=None,
     norm_bound: float | None = None,
     accountant: BudgetAccountant | None = None,
+    client=None,
     **options,
 ) -> Release:
     """Release a labelled GMM of ``(X, y)`` with the named mechanism.
 
     Parameters
     ----------
-    X : array-like of shape (N, d)
-        Features (finite).
-    y : array-like of shape (N,)
-        Class labels. Mechanisms that use the exact class covariances (``kl-paper`` and the
-        baselines) need more than d rows in every class; ``kl-certified`` accepts any class
-        size, so its answer never depends on whether a private class is small.
+    X : array-like of shape (N, d), a :class:`klrelease.stream.Source` or a Dask collection
+        Features (finite). A source (arrays or memmaps in chunks, Parquet or CSV files) or a
+        Dask array/dataframe is read in chunks, in bounded memory, by mechanisms that need
+        only per-class statistics (``kl-certified``); other mechanisms materialise a Dask
+        collection in memory and refuse a source.
+    y : array-like of shape (N,), a Dask array, or None
+        Class labels (None when ``X`` is a source, which carries its labels). Mechanisms
+        that use the exact class covariances (``kl-paper`` and the baselines) need more than
+        d rows in every class; ``kl-certified`` accepts any class size, so its answer never
+        depends on whether a private class is small.
     epsilon, delta : float
         The privacy parameters (epsilon > 0, 0 < delta < 1).
     mechanism : str
@@ -115,6 +135,9 @@ def release(
         Public bounds on the features (a box, or a bound on ``||x||_2``). ``bounds`` may also
         name a mechanism's own way of choosing them, passed on as its option ``bounds``
         (``"features"``: under label-flip adjacency, the box spanned by the public features).
+    client : distributed.Client, optional
+        Run the passes over a Dask collection on this cluster (default: Dask's current
+        scheduler). Workers see only the data and the per-row maps, never noise.
     accountant : BudgetAccountant, optional
         The data owner's budget across releases: the release is refused (before any noise is
         drawn) if its claim is not certified or would exceed the total, and spent otherwise.
@@ -136,7 +159,7 @@ def release(
     """
     src = make_rng(seed)  # a bad seed is an input error: before anything is computed
     data, p, opts = _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound,
-                            options)
+                            options, client)
     g = p.guarantee if src.secure else p.guarantee.seeded()
     if accountant is not None:
         accountant.check(g)

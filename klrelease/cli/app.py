@@ -268,10 +268,26 @@ def _one_line(message) -> str:
     return " ".join(str(message).split())
 
 
+#: Options whose value may be left out, and the value they then take.
+OPTIONAL_VALUES = {"--dask": "local"}
+
+
+def _optional_values(argv: list[str]) -> list[str]:
+    """``--dask`` with no value (last, or followed by another option) means ``--dask local``.
+    """
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg in OPTIONAL_VALUES and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            out.append(OPTIONAL_VALUES[arg])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the app and maps input errors to exit status 2."""
     from .. import solvers
 
+    argv = _optional_values(list(sys.argv[1:] if argv is None else argv))
     try:
         # a command ending with typer.Exit(code) returns that code in non-standalone mode
         rc = app(args=argv, standalone_mode=False, prog_name="klrelease")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from pathlib import Path
@@ -51,6 +52,13 @@ def release(
     csv: Annotated[Path | None, typer.Option(help="CSV file with a header row")] = None,
     label_column: Annotated[str | None, typer.Option(help="label column of --csv")] = None,
     npz: Annotated[Path | None, typer.Option(help=".npz file with arrays X and y")] = None,
+    parquet: Annotated[str | None, typer.Option(
+        help="Parquet file(s): a path, a directory or a glob, read in chunks (bounded memory; "
+             "kl-certified)")] = None,
+    dask: Annotated[str | None, typer.Option(
+        help="with --parquet: compute the statistics on a Dask cluster: --dask alone or "
+             "--dask local (a local cluster of 2 workers) or --dask tcp://HOST:PORT (an "
+             "existing scheduler)")] = None,
     mechanism: Annotated[str, typer.Option(help="see 'klrelease mechanisms'")] = "kl-certified",
     out: Annotated[Path, typer.Option(help="where to write the artifact")] = Path(
         "release.json"
@@ -79,9 +87,29 @@ def release(
     if seed is not None and seed < 0:
         _fail(f"--seed must be a non-negative integer, got {seed}")
     check_output(out)
-    data = _load_input(dataset, csv, label_column, npz, classes)
-    with warnings.catch_warnings(record=True) as caught:
+    if dask is not None and parquet is None:
+        _fail("--dask goes with --parquet")
+    if parquet is not None:
+        if any(x is not None for x in (dataset, csv, npz)):
+            _fail("give exactly one input: --dataset NAME, --csv FILE, --npz FILE or "
+                  "--parquet PATH")
+        if label_column is None:
+            _fail("--parquet needs --label-column NAME")
+        if not getattr(mech, "streams", False):
+            _fail(f"--parquet streams the data; {mech.name} needs it in memory (use "
+                  "kl-certified)")
+        from ..stream import ParquetSource
+
+        data = ParquetSource(parquet, label_column, classes=classes)
+    else:
+        data = _load_input(dataset, csv, label_column, npz, classes)
+    with warnings.catch_warnings(record=True) as caught, _dask_client(dask) as client:
         warnings.simplefilter("always")
+        if client is not None:
+            from ..stream import DaskSource
+
+            data = _parquet_on_dask(data, client)
+            assert isinstance(data, DaskSource)
         with err_console.status(f"designing {mech.name} ..."):
             rel = do_release(data, None, epsilon=eps, delta=dlt, mechanism=mech.name,
                              seed=seed, bounds=bounds, norm_bound=norm_bound, **opts)
@@ -89,6 +117,40 @@ def release(
         fh.write(rel.to_json())
     err_console.print(f"wrote {out}: {rel.summary()}", highlight=False)
     warn_uncertified(caught, None if rel.privacy.certified else rel.privacy.statement)
+
+
+@contextlib.contextmanager
+def _dask_client(address: str | None):
+    """A ``distributed.Client``: a local cluster for ``local``, else the scheduler at
+    ``address``; ``None`` without ``--dask``."""
+    if address is None:
+        yield None
+        return
+    try:
+        import distributed
+    except ImportError:
+        _fail("--dask needs the dask extra: pip install 'klrelease[dask]'")
+    if address in ("", "local"):
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                      dashboard_address=None) as cluster, \
+                distributed.Client(cluster) as client:
+            yield client
+    else:
+        with distributed.Client(address) as client:
+            yield client
+
+
+def _parquet_on_dask(src, client):
+    """The Parquet files of ``src`` as a Dask dataframe on ``client`` (same files, same order).
+    """
+    import dask.dataframe as dd
+
+    from ..stream import DaskSource
+
+    cols = [*src.feature_names, src.label_column]
+    ddf = dd.read_parquet([str(p) for p in src.paths], columns=cols)
+    return DaskSource(ddf, label_column=src.label_column,
+                      classes=src.classes if src.classes_declared else None, client=client)
 
 
 @app.command()

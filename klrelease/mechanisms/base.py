@@ -208,6 +208,8 @@ class Mechanism(ABC):
     #: invertible class covariance). A refusal depends on the private class sizes, so a
     #: certified mechanism whose proof covers all datasets sets 0.
     min_class_size: ClassVar[int | None] = None
+    #: Whether :meth:`plan` also reads a chunked source (:mod:`klrelease.stream`) in passes.
+    streams: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -75,6 +75,50 @@ ASSUMPTIONS = (
 )
 
 
+def whitening_frame(centre: np.ndarray, C: np.ndarray) -> Frame:
+    """The label-flip frame of features with mean ``centre`` and covariance ``C``.
+
+    Standardise each feature, then whiten the correlations (eigenvalues floored at 1e-12 of
+    the largest): a change of units of a feature leaves the frame's rows unchanged, any affine
+    map rotates them.
+    """
+    sd = np.sqrt(np.maximum(np.diag(C), 0.0))
+    top = sd.max() if np.isfinite(sd.max()) and sd.max() > 0 else 1.0
+    sd = np.maximum(sd, 1e-12 * top)
+    Rc = C / np.outer(sd, sd)
+    w, V = np.linalg.eigh(0.5 * (Rc + Rc.T))
+    w = np.maximum(w, 1e-12 * max(w.max(), 1e-300))
+    W = (V / np.sqrt(w)) @ V.T / sd[:, None]
+    W_inv = sd[None, :] * ((V * np.sqrt(w)) @ V.T)
+    return Frame(centre, W, W_inv)
+
+
+def bound_frame(d: int, box, B):
+    """The replace-one frame of a public box or ball, and the map clipping frame rows into it.
+    """
+    if box is not None:
+        lo, hi = (np.asarray(b, dtype=float) for b in box)
+        h = (hi - lo) / 2.0
+        return Frame((lo + hi) / 2.0, np.diag(1.0 / h), np.diag(h)), _clip_box
+    B = float(B)
+    if not np.isfinite(B) or B <= 0:
+        raise ValueError(f"norm_bound must be a finite number > 0, got {B!r}")
+    s = np.sqrt(d) / B
+    return Frame(np.zeros(d), s * np.eye(d), np.eye(d) / s), _ClipBall(float(np.sqrt(d)))
+
+
+def _clip_box(T: np.ndarray) -> np.ndarray:
+    return np.clip(T, -1.0, 1.0)
+
+
+@dataclass(frozen=True)
+class _ClipBall:
+    radius: float
+
+    def __call__(self, T: np.ndarray) -> np.ndarray:
+        return clip_ball(T, self.radius)
+
+
 def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool,
                  norm_bound) -> tuple[Frame, np.ndarray, bool, str]:
     """The public frame of a release, the rows in it, whether it keeps the guarantee, and
@@ -91,50 +135,173 @@ def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool
     if relation == Adjacency.LABEL_FLIP:
         centre = X.mean(axis=0)
         C = np.atleast_2d(np.cov(X, rowvar=False)) if X.shape[0] > 1 else np.zeros((d, d))
-        # standardise each feature, then whiten the correlations: a change of units of a
-        # feature leaves the frame's rows unchanged, any affine map rotates them
-        sd = np.sqrt(np.maximum(np.diag(C), 0.0))
-        top = sd.max() if np.isfinite(sd.max()) and sd.max() > 0 else 1.0
-        sd = np.maximum(sd, 1e-12 * top)
-        Rc = C / np.outer(sd, sd)
-        w, V = np.linalg.eigh(0.5 * (Rc + Rc.T))
-        w = np.maximum(w, 1e-12 * max(w.max(), 1e-300))
-        W = (V / np.sqrt(w)) @ V.T / sd[:, None]
-        W_inv = sd[None, :] * ((V * np.sqrt(w)) @ V.T)
-        frame = Frame(centre, W, W_inv)
+        frame = whitening_frame(centre, C)
         return frame, frame.to_frame(X), True, "the public features (whitened)"
-    box = data.bounds
-    B = data.norm_bound if norm_bound is None else norm_bound
-    if box is not None and B is not None:
-        raise ValueError("give either bounds= (a box) or norm_bound= (a ball), not both")
+    box, B = _public_bound(data.bounds, data.norm_bound, norm_bound, bounds_from_data)
     certified, where = True, "the public bound"
     if box is None and B is None:
-        if not bounds_from_data:
-            raise ValueError(
-                "kl-certified under replace-one needs a public bound on the features: pass "
-                "bounds=(lower, upper) or norm_bound=B (rows are clipped to it); "
-                "bounds_from_data=True reads them from the data and voids the guarantee"
-            )
-        warnings.warn(
-            "kl-certified: the feature bounds are read from the private data "
-            "(bounds_from_data=True); under replace-one this leaks information and the release "
-            "is NOT differentially private", PrivacyLeakWarning, stacklevel=4)
+        _warn_bounds_from_data()
         lo, hi = X.min(axis=0), X.max(axis=0)
         span = np.maximum(hi - lo, 1e-12 * np.maximum(1.0, np.abs(lo) + np.abs(hi)))
         box = (lo, lo + span)
         certified, where = False, "the private data (bounds_from_data=True)"
-    if box is not None:
-        lo, hi = (np.asarray(b, dtype=float) for b in box)
-        h = (hi - lo) / 2.0
-        frame = Frame((lo + hi) / 2.0, np.diag(1.0 / h), np.diag(h))
-        T = np.clip(frame.to_frame(X), -1.0, 1.0)
-        return frame, T, certified, where
-    B = float(B)
-    if not np.isfinite(B) or B <= 0:
-        raise ValueError(f"norm_bound must be a finite number > 0, got {norm_bound!r}")
-    s = np.sqrt(d) / B
-    frame = Frame(np.zeros(d), s * np.eye(d), np.eye(d) / s)
-    return frame, clip_ball(frame.to_frame(X), np.sqrt(d)), certified, where
+    frame, clip = bound_frame(d, box, B)
+    return frame, clip(frame.to_frame(X)), certified, where
+
+
+def _public_bound(box, data_B, norm_bound, bounds_from_data):
+    B = data_B if norm_bound is None else norm_bound
+    if box is not None and B is not None:
+        raise ValueError("give either bounds= (a box) or norm_bound= (a ball), not both")
+    if box is None and B is None and not bounds_from_data:
+        raise ValueError(
+            "kl-certified under replace-one needs a public bound on the features: pass "
+            "bounds=(lower, upper) or norm_bound=B (rows are clipped to it); "
+            "bounds_from_data=True reads them from the data and voids the guarantee"
+        )
+    return box, B
+
+
+def _warn_bounds_from_data():
+    warnings.warn(
+        "kl-certified: the feature bounds are read from the private data "
+        "(bounds_from_data=True); under replace-one this leaks information and the release "
+        "is NOT differentially private", PrivacyLeakWarning, stacklevel=5)
+
+
+class _MemoryRows:
+    """The rows in the frame, grouped by class, in memory (the fast path)."""
+
+    def __init__(self, rows: list):
+        self.rows = rows
+
+    def stats(self, fn, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per class k: the sum and second moment of ``fn(T_k, k)``."""
+        K = len(self.rows)
+        S1, S2 = np.zeros((K, d)), np.zeros((K, d, d))
+        for k, T in enumerate(self.rows):
+            if T.shape[0]:
+                U = fn(T, k)
+                S1[k], S2[k] = U.sum(axis=0), U.T @ U
+        return S1, S2
+
+
+@dataclass(frozen=True)
+class _InFrame:
+    """``fn(to_frame(X), k)``: a per-class map of raw rows (plain data, shipped to workers)."""
+
+    fn: object
+    frame: Frame
+    clip: object = None
+
+    def __call__(self, X: np.ndarray, k: int) -> np.ndarray:
+        T = self.frame.to_frame(X)
+        return self.fn(T if self.clip is None else self.clip(T), k)
+
+
+class _StreamRows:
+    """The rows of a chunked source, mapped into the frame chunk by chunk (one pass per call).
+    """
+
+    def __init__(self, source, frame: Frame, clip=None):
+        self.source, self.frame, self.clip = source, frame, clip
+
+    def stats(self, fn, d: int) -> tuple[np.ndarray, np.ndarray]:
+        from ..stream import per_class
+
+        m = self.source.moments(per_class(_InFrame(fn, self.frame, self.clip)))
+        return m.sums, m.second_moments
+
+
+@dataclass(frozen=True)
+class _CentredClip:
+    """Stage B's map: ``clip_R(t - m[k])``."""
+
+    centres: np.ndarray
+    radius: float
+
+    def __call__(self, T: np.ndarray, k: int) -> np.ndarray:
+        return clip_ball(T - self.centres[k], self.radius)
+
+
+@dataclass(frozen=True)
+class _RegionClip:
+    """Stage C's map: ``clip_r((t - c_k) W_k)``."""
+
+    centres: np.ndarray
+    W: np.ndarray
+    radius: float
+
+    def __call__(self, T: np.ndarray, k: int) -> np.ndarray:
+        return clip_ball((T - self.centres[k]) @ self.W[k], self.radius)
+
+
+@dataclass(frozen=True)
+class _Clip:
+    """Stage A's map: ``clip_R(t)``."""
+
+    radius: float
+
+    def __call__(self, T: np.ndarray, k: int) -> np.ndarray:
+        return clip_ball(T, self.radius)
+
+
+@dataclass(frozen=True)
+class _SqNorms:
+    frame: Frame
+    clip: object = None
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        T = self.frame.to_frame(X)
+        if self.clip is not None:
+            T = self.clip(T)
+        return np.einsum("ij,ij->i", T, T)
+
+
+def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_bound):
+    """Passes over a chunked source for everything the plan needs before noise is drawn.
+
+    Returns ``(frame, rows, N, R, total_scatter, sums, counts, where, rule)``. Label flip:
+    pass 1, per-class moments of the raw rows (validates every row, counts N, and merges
+    into the features' mean and covariance: the frame); the radius R from the public row
+    norms (:func:`klrelease.stream.stream_quantile`); stage A. Replace-one: stage A only.
+    """
+    from ..data import _check_bounds
+    from ..stream import stream_quantile
+    from ..stream.quantile import norm_edges
+
+    d = source.n_features
+    source.resolve_classes()
+    rule = getattr(source, "quantile_rule", "exact")
+    if relation == Adjacency.LABEL_FLIP:
+        m0 = source.moments()
+        N, mean, M2 = m0.pooled()
+        N = int(round(N))
+        C = M2 / (N - 1) if N > 1 else np.zeros((d, d))
+        frame = whitening_frame(mean, C)
+        clip, where = None, "the public features (whitened)"
+        q = stream_quantile(source, _SqNorms(frame), SETTINGS["radius_quantile"], N,
+                            norm_edges(d), rule)
+        R = float(np.sqrt(q))
+        if not np.isfinite(R) or R <= 0:
+            R = 1.0
+        total_scatter = frame.W.T @ M2 @ frame.W
+    else:
+        if bounds_from_data:
+            raise ValueError("bounds_from_data=True needs the data in memory; give a public "
+                             "bound (bounds= or norm_bound=) for streamed data")
+        box = _check_bounds(source.bounds, d)
+        B = source.norm_bound
+        box, B = _public_bound(box, B, norm_bound, False)
+        frame, clip = bound_frame(d, box, B)
+        where, total_scatter = "the public bound", None
+        R = float(SETTINGS["box_radius"] * np.sqrt(d))
+    from ..stream import per_class
+
+    mA = source.moments(per_class(_InFrame(_Clip(R), frame, clip)))
+    counts = mA.counts
+    return (frame, _StreamRows(source, frame, clip), int(round(counts.sum())), R,
+            total_scatter, mA.sums, counts, where, rule)
 
 
 @dataclass
@@ -148,7 +315,7 @@ class KLCertifiedPlan(Plan):
     """
 
     public: PublicInputs = None
-    rows: list = None  # private: per class, the rows in the public frame
+    rows: object = None  # private: the rows in the public frame (_MemoryRows, _StreamRows)
     counts: np.ndarray = None  # private
     sums: np.ndarray = None  # private stage-A sums
     fallbacks: int = 0
@@ -156,22 +323,17 @@ class KLCertifiedPlan(Plan):
     # ----------------------------------------------------------------- private statistics
     def _stage_b(self, m1: np.ndarray) -> np.ndarray:
         d = self.public.n_features
+        S2 = self.rows.stats(_CentredClip(np.asarray(m1, dtype=float), self.public.radius),
+                             d)[1]
         W = np.zeros((d, d))
-        for k, T in enumerate(self.rows):
-            if T.shape[0]:
-                V = clip_ball(T - m1[k], self.public.radius)
-                W += V.T @ V
+        for k in range(S2.shape[0]):
+            W += S2[k]
         return W
 
     def _stage_c(self, design: dict) -> tuple[np.ndarray, np.ndarray]:
         pub, reg = self.public, design["regions"]
-        K, d = pub.n_classes, pub.n_features
-        S1, S2 = np.zeros((K, d)), np.zeros((K, d, d))
-        for k, T in enumerate(self.rows):
-            if T.shape[0]:
-                U = clip_ball((T - reg.centres[k]) @ reg.W[k], pub.region_radius)
-                S1[k], S2[k] = U.sum(axis=0), U.T @ U
-        return S1, S2
+        return self.rows.stats(_RegionClip(np.asarray(reg.centres), np.asarray(reg.W),
+                                           pub.region_radius), pub.n_features)
 
     # --------------------------------------------------------------------------- the law
     @blas_single_thread
@@ -260,6 +422,8 @@ class KLCertified(Mechanism):
     Options = KLCertifiedOptions
     relations = ADJACENCIES
     certified_relations = ADJACENCIES
+    #: Reads a chunked source (:mod:`klrelease.stream`): it needs only per-class statistics.
+    streams = True
 
     def certifies(self, options, public) -> bool:
         """Certified when the classes were declared and the frame is public (not read from
@@ -279,31 +443,43 @@ class KLCertified(Mechanism):
                 f"unknown or unsupported adjacency {opts['adjacency']!r} for kl-certified; "
                 f"allowed: {', '.join(a.value for a in ADJACENCIES)}"
             )
-        frame, T, bound_ok, where = public_frame(data, relation, bool(opts["bounds_from_data"]),
-                                                 opts["norm_bound"])
-        N, K, d = data.n_samples, data.n_classes, data.n_features
+        from ..stream import Source
+
         lf = relation == Adjacency.LABEL_FLIP
         shares = SETTINGS[relation.value]
-        if lf:
-            sq = np.einsum("ij,ij->i", T, T)
-            R = float(np.sqrt(np.quantile(sq, SETTINGS["radius_quantile"])))
-            if not np.isfinite(R) or R <= 0:
-                R = 1.0  # every row at the centre: any public radius will do
+        extra = {}
+        if isinstance(data, Source):  # streamed: passes over chunks, bounded memory
+            frame, rows, N, R, total_scatter, sums, counts, where, rule = stream_inputs(
+                data, relation, bool(opts["bounds_from_data"]), opts["norm_bound"])
+            K, d, bound_ok, classes = len(data.classes), data.n_features, True, data.classes
+            total_sums = sums.sum(axis=0) if lf else None
+            extra = {"data": "streamed in chunks"}
+            if lf:
+                extra["radius_rule"] = rule
         else:
-            R = float(SETTINGS["box_radius"] * np.sqrt(d))
-        U = clip_ball(T, R)
+            frame, T, bound_ok, where = public_frame(
+                data, relation, bool(opts["bounds_from_data"]), opts["norm_bound"])
+            N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
+            if lf:
+                sq = np.einsum("ij,ij->i", T, T)
+                R = float(np.sqrt(np.quantile(sq, SETTINGS["radius_quantile"])))
+                if not np.isfinite(R) or R <= 0:
+                    R = 1.0  # every row at the centre: any public radius will do
+            else:
+                R = float(SETTINGS["box_radius"] * np.sqrt(d))
+            order = np.argsort(data.codes, kind="stable")
+            bounds = np.concatenate([[0], np.cumsum(np.bincount(data.codes, minlength=K))])
+            rows = _MemoryRows([T[order[bounds[k]:bounds[k + 1]]] for k in range(K)])
+            counts = np.diff(bounds).astype(float)
+            sums = rows.stats(_Clip(R), d)[0]
+            total_scatter = T.T @ T if lf else None
+            total_sums = clip_ball(T, R).sum(axis=0) if lf else None
         pub = PublicInputs(
             relation=relation.value, n_samples=N, n_classes=K, n_features=d, frame=frame,
             budget=Budget.split(epsilon, delta, shares), radius=R,
             region_radius=region_radius(d, SETTINGS["region_level"]),
-            total_scatter=T.T @ T if lf else None, total_sums=U.sum(axis=0) if lf else None,
+            total_scatter=total_scatter, total_sums=total_sums,
         )
-        order = np.argsort(data.codes, kind="stable")
-        bounds = np.concatenate([[0], np.cumsum(np.bincount(data.codes, minlength=K))])
-        rows = [T[order[bounds[k]:bounds[k + 1]]] for k in range(K)]
-        counts = np.diff(bounds).astype(float)
-        sums = np.stack([clip_ball(r, R).sum(axis=0) if r.shape[0] else np.zeros(d)
-                         for r in rows])
 
         rel = ADJACENCY_DESCRIPTIONS[relation]
         declared = bool(getattr(data, "classes_declared", False))
@@ -344,9 +520,10 @@ class KLCertified(Mechanism):
                        "classes": pub.budget.classes},
             "classes_declared": declared,
             "frame_from_data": not bound_ok,
+            **extra,
         }
         return KLCertifiedPlan(
-            mechanism=self.name, guarantee=guarantee, classes=data.classes,
+            mechanism=self.name, guarantee=guarantee, classes=classes,
             public_options=public, solver=None, public=pub, rows=rows, counts=counts,
             sums=sums,
         )

@@ -1,0 +1,45 @@
+"""Releases at any size: per-class statistics accumulated over chunks.
+
+* :class:`ClassMoments`: per-class count, mean and centred scatter, merged exactly and stably
+  (Chan et al.'s parallel update); :func:`chunk_moments` reduces one chunk after a per-row map
+  ``f(rows, codes) -> rows``.
+* Sources read a labelled dataset in chunks: :class:`ArraySource` (arrays, memmaps),
+  :class:`ParquetSource` and :class:`CSVSource` (pyarrow), :class:`DaskSource` (Dask arrays
+  and dataframes, on a ``distributed`` cluster). Each runs passes ``Source.moments(f)``.
+* :func:`stream_quantile`: quantiles of a per-row value in a few bounded-memory passes.
+
+``klrelease.release`` accepts a source (or a Dask collection) as ``X`` for mechanisms that
+need only these statistics (``kl-certified``).
+"""
+
+from __future__ import annotations
+
+from .moments import ClassMoments, RowMap, chunk_moments, class_order, per_class
+from .quantile import stream_quantile
+from .sources import (
+    DEFAULT_CHUNK_ROWS,
+    ArraySource,
+    CSVSource,
+    DaskSource,
+    ParquetSource,
+    Source,
+    as_source,
+    is_dask_collection,
+)
+
+__all__ = [
+    "ClassMoments",
+    "RowMap",
+    "chunk_moments",
+    "class_order",
+    "per_class",
+    "stream_quantile",
+    "Source",
+    "ArraySource",
+    "ParquetSource",
+    "CSVSource",
+    "DaskSource",
+    "as_source",
+    "is_dask_collection",
+    "DEFAULT_CHUNK_ROWS",
+]

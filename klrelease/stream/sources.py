@@ -1,0 +1,466 @@
+"""Chunked data sources: in-memory arrays and memmaps, Parquet and CSV files, Dask collections.
+
+A source yields ``(X, y)`` chunks in a fixed order (features as float64, raw labels) and runs
+*passes*: a function of one chunk returning a partial result, partial results merged in chunk
+order. Chunk sizes and partition counts are public choices of the caller; they change the
+rounding of the merged statistics (merges are exact in real arithmetic), never which rows are
+read or what is released.
+
+Every chunk is validated as it is read (finite features, labels among the classes); a failure
+raises one :class:`ValueError` whose message names the rule, never a value, a row, a chunk or
+a partition, so the release fails the same way wherever the bad row sits.
+"""
+
+from __future__ import annotations
+
+import csv as _csv
+import glob
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..data import _encode_labels
+from .moments import ClassMoments, RowMap, chunk_moments
+
+__all__ = [
+    "Source",
+    "ArraySource",
+    "ParquetSource",
+    "CSVSource",
+    "DaskSource",
+    "as_source",
+    "is_dask_collection",
+    "DEFAULT_CHUNK_ROWS",
+]
+
+#: Rows per chunk of in-memory, memmap and file sources (about 20 MB at d = 10).
+DEFAULT_CHUNK_ROWS = 1 << 18
+
+NONFINITE = "X contains NaN or infinite values"
+
+
+def _features(X) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError("every chunk of X must be two-dimensional (rows, features)")
+    if not np.all(np.isfinite(X)):
+        raise ValueError(NONFINITE)
+    return X
+
+
+def _labels(y, classes: tuple) -> np.ndarray:
+    """Class codes of raw labels ``y`` against the (already typed) classes."""
+    y = np.asarray(y)
+    if y.dtype.kind == "O":
+        y = y.astype(str)
+    if len(classes) and isinstance(classes[0], str) and y.dtype.kind in "iufb":
+        if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
+            raise ValueError("y contains NaN or infinite labels; labels must be class identifiers")
+        y = y.astype(np.int64).astype(str) if y.dtype.kind == "f" and np.all(
+            y == np.round(y)) else y.astype(str)
+    return _encode_labels(y, classes)[0]
+
+
+def typed_classes(classes) -> tuple:
+    """The declared classes as integers when every one reads as an integer, else as text
+    (decided by the declaration alone, as the CLI does)."""
+    out = []
+    for c in classes:
+        if isinstance(c, (int, np.integer)) and not isinstance(c, bool):
+            out.append(int(c))
+            continue
+        try:
+            out.append(int(str(c).strip()))
+        except ValueError:
+            return tuple(str(c).strip() for c in classes)
+    return tuple(out)
+
+
+class Source:
+    """A labelled dataset read in chunks (base class).
+
+    Subclasses implement :meth:`chunks`; :meth:`reduce` runs a pass locally (the Dask source
+    runs it on the cluster).
+    """
+
+    n_features: int
+    feature_names: tuple[str, ...]
+    #: How a quantile of a per-row public value is computed (``"exact"``: the in-memory
+    #: value, two passes; ``"histogram"``: a fixed-bin approximation, one pass). Public.
+    quantile_rule: str = "exact"
+
+    def __init__(self, classes=None, bounds=None, norm_bound=None):
+        self.classes_declared = classes is not None
+        self.classes = typed_classes(classes) if classes is not None else None
+        self.bounds = bounds
+        self.norm_bound = norm_bound
+
+    # --------------------------------------------------------------------------- reading
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # pragma: no cover
+        raise NotImplementedError
+
+    def reduce(self, fn: Callable, merge: Callable, initial):
+        """Apply ``fn(X, y)`` to every chunk and merge the results in chunk order."""
+        acc = initial
+        for X, y in self.chunks():
+            acc = merge(acc, fn(X, y))
+        return acc
+
+    # ---------------------------------------------------------------------------- passes
+    def resolve_classes(self) -> tuple:
+        """The classes: the declared ones, or (one pass) the sorted labels present."""
+        if self.classes is None:
+            found = self.reduce(lambda X, y: _present_labels(y), _union, np.array([]))
+            if found.size == 0:
+                raise ValueError("the data has no rows")
+            self.classes = typed_classes(found.tolist()) if found.dtype.kind in "US" else \
+                tuple(v.item() for v in found)
+        if len(self.classes) < 2:
+            raise ValueError("at least two classes are needed to release a mixture")
+        return self.classes
+
+    def moments(self, f: RowMap | None = None) -> ClassMoments:
+        """One pass: per-class count, mean and centred scatter of ``f(X, codes)`` (or of X).
+
+        Every chunk is validated (finite features, declared labels) before ``f`` sees it.
+        """
+        classes = self.resolve_classes()
+        K, d = len(classes), self.n_features
+
+        def part(X, y):  # shipped to workers: refers to no source object
+            X = _features(X)
+            if X.shape[1] != d:
+                raise ValueError("every chunk must have the same number of feature columns")
+            if len(y) != X.shape[0]:
+                raise ValueError("X and y must have the same number of rows")
+            return chunk_moments(X, _labels(y, classes), K, f)
+
+        return self.reduce(part, _merge_moments, None)
+
+    def histogram(self, f: Callable[[np.ndarray], np.ndarray], edges: np.ndarray) -> np.ndarray:
+        """One pass: counts of ``f(X)`` (one value per row) in the bins of ``edges``, with an
+        underflow and an overflow bin (length ``len(edges) + 1``)."""
+        self.resolve_classes()
+
+        def part(X, y):
+            v = f(_features(X))
+            return np.bincount(np.searchsorted(edges, v, side="right"),
+                               minlength=len(edges) + 1)
+
+        return self.reduce(part, _add, 0)
+
+    def values_in(self, f: Callable[[np.ndarray], np.ndarray], lo: float,
+                  hi: float) -> np.ndarray:
+        """One pass: the values ``f(X)`` in ``[lo, hi)``, sorted."""
+        self.resolve_classes()
+
+        def part(X, y):
+            v = f(_features(X))
+            return v[(v >= lo) & (v < hi)]
+
+        return np.sort(self.reduce(part, _concat, np.empty(0)))
+
+
+def _merge_moments(a, b):
+    return b if a is None else a.merge(b)
+
+
+def _add(a, b):
+    return a + b
+
+
+def _concat(a, b):
+    return np.concatenate([a, b])
+
+
+def _present_labels(y) -> np.ndarray:
+    y = np.asarray(y)
+    if y.dtype.kind == "O":
+        y = y.astype(str)
+    if y.dtype.kind == "f":
+        if not np.all(np.isfinite(y)):
+            raise ValueError("y contains NaN or infinite labels; labels must be class identifiers")
+        if np.any(y != np.round(y)):
+            raise ValueError("y contains non-integer numbers; labels must be class identifiers "
+                             "(integers or strings)")
+        y = y.astype(np.int64)
+    return np.unique(y)
+
+
+def _union(a, b):
+    if a.size == 0:
+        return b
+    if a.dtype.kind != b.dtype.kind:
+        raise ValueError("the labels mix text and numbers")
+    return np.union1d(a, b)
+
+
+# ---------------------------------------------------------------------------- in memory
+
+
+class ArraySource(Source):
+    """Arrays in memory or memory-mapped (``np.load(path, mmap_mode="r")``), read in chunks."""
+
+    def __init__(self, X, y, *, classes=None, bounds=None, norm_bound=None,
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS, feature_names=None):
+        super().__init__(classes, bounds, norm_bound)
+        if getattr(X, "ndim", None) != 2:
+            X = np.asarray(X)
+        if X.ndim != 2:
+            raise ValueError("X must be two-dimensional (n_samples, n_features)")
+        y = np.asarray(y) if not isinstance(y, np.ndarray) else y
+        if y.ndim == 2 and 1 in y.shape:
+            y = y.reshape(-1)
+        if y.ndim != 1 or y.shape[0] != X.shape[0]:
+            raise ValueError("X and y must have the same number of rows")
+        if X.shape[0] == 0 or X.shape[1] == 0:
+            raise ValueError("X must have at least one row and one column")
+        if int(chunk_rows) < 1:
+            raise ValueError("chunk_rows must be >= 1")
+        self.X, self.y, self.chunk_rows = X, y, int(chunk_rows)
+        self.n_features = X.shape[1]
+        self.feature_names = tuple(feature_names) if feature_names is not None else tuple(
+            f"x{i}" for i in range(self.n_features))
+
+    def chunks(self):
+        n, c = self.X.shape[0], self.chunk_rows
+        for a in range(0, n, c):
+            yield self.X[a:a + c], self.y[a:a + c]
+
+
+# -------------------------------------------------------------------------------- files
+
+
+def _paths(path_or_glob, suffix: str) -> list[Path]:
+    items = [path_or_glob] if isinstance(path_or_glob, (str, Path)) else list(path_or_glob)
+    out: list[Path] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            out.extend(sorted(p.glob(f"*{suffix}")))
+        elif any(ch in str(item) for ch in "*?["):
+            out.extend(Path(q) for q in sorted(glob.glob(str(item))))
+        else:
+            out.append(p)
+    if not out:
+        raise ValueError(f"no {suffix} file matches {path_or_glob}")
+    for p in out:
+        if not p.is_file():
+            raise ValueError(f"cannot read {p}: no such file")
+    return out
+
+
+class ParquetSource(Source):
+    """Parquet files (a path, a directory, a glob or a list), read in record batches.
+
+    Every column except ``label_column`` is a feature (or only ``feature_columns``); the
+    files are read in sorted path order.
+    """
+
+    def __init__(self, path, label_column: str, *, feature_columns: Sequence[str] | None = None,
+                 classes=None, bounds=None, norm_bound=None,
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS):
+        import pyarrow.parquet as pq
+
+        super().__init__(classes, bounds, norm_bound)
+        self.paths = _paths(path, ".parquet")
+        self.label_column = label_column
+        self.chunk_rows = int(chunk_rows)
+        names = None
+        for p in self.paths:
+            try:
+                schema = pq.read_schema(p)
+            except Exception as exc:  # pyarrow raises several types
+                raise ValueError(f"cannot read {p}: {exc.__class__.__name__}") from None
+            if names is None:
+                names = list(schema.names)
+            elif list(schema.names) != names:
+                raise ValueError("the Parquet files do not all have the same columns")
+        if label_column not in names:
+            raise ValueError(f"the Parquet data has no column named {label_column!r}")
+        feats = [c for c in names if c != label_column] if feature_columns is None else list(
+            feature_columns)
+        missing = [c for c in feats if c not in names]
+        if missing or not feats:
+            raise ValueError("feature_columns must name columns of the Parquet data")
+        self.feature_names = tuple(feats)
+        self.n_features = len(feats)
+
+    def chunks(self):
+        import pyarrow.parquet as pq
+
+        cols = [*self.feature_names, self.label_column]
+        for p in self.paths:
+            with pq.ParquetFile(p) as fh:
+                for batch in fh.iter_batches(batch_size=self.chunk_rows, columns=cols):
+                    yield _batch_xy(batch, self.feature_names, self.label_column)
+
+
+def _batch_xy(batch, features, label_column):
+    X = np.empty((batch.num_rows, len(features)))
+    for j, name in enumerate(features):
+        col = batch.column(name)
+        try:
+            X[:, j] = col.to_numpy(zero_copy_only=False)
+        except (TypeError, ValueError):
+            raise ValueError("every feature column must be numeric") from None
+    return X, batch.column(label_column).to_numpy(zero_copy_only=False)
+
+
+class CSVSource(Source):
+    """A CSV file with a header row, read in blocks with pyarrow's streaming reader.
+
+    Features are read as float64 and labels as text (matched to the classes by value, so a
+    label never changes how the others are typed).
+    """
+
+    def __init__(self, path, label_column: str, *, classes=None, bounds=None, norm_bound=None,
+                 block_bytes: int = 1 << 24, delimiter: str = ","):
+        super().__init__(classes, bounds, norm_bound)
+        self.paths = _paths(path, ".csv")
+        self.label_column, self.block_bytes, self.delimiter = label_column, block_bytes, delimiter
+        header = None
+        for p in self.paths:
+            with p.open(newline="") as fh:
+                first = next(_csv.reader(fh, delimiter=delimiter), None)
+            if first is None:
+                raise ValueError(f"{p} is empty")
+            if header is None:
+                header = first
+            elif first != header:
+                raise ValueError("the CSV files do not all have the same header")
+        if label_column not in header:
+            raise ValueError(f"the CSV data has no column named {label_column!r}")
+        self.feature_names = tuple(h for h in header if h != label_column)
+        self.n_features = len(self.feature_names)
+
+    def chunks(self):
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+
+        types = {n: pa.float64() for n in self.feature_names}
+        types[self.label_column] = pa.string()
+        for p in self.paths:
+            try:
+                reader = pcsv.open_csv(
+                    p, read_options=pcsv.ReadOptions(block_size=self.block_bytes),
+                    parse_options=pcsv.ParseOptions(delimiter=self.delimiter),
+                    convert_options=pcsv.ConvertOptions(column_types=types))
+                for batch in reader:
+                    yield _batch_xy(batch, self.feature_names, self.label_column)
+            except pa.ArrowInvalid:
+                raise ValueError(f"{p}: every column except {self.label_column!r} must be "
+                                 "numeric, and every row must have the header's fields") from None
+
+
+# -------------------------------------------------------------------------------- dask
+
+
+def is_dask_collection(obj) -> bool:
+    """Whether ``obj`` is a Dask collection (without importing dask when it is not loaded)."""
+    import sys
+
+    if "dask" not in sys.modules:
+        return False
+    from dask import is_dask_collection as isd
+
+    return bool(isd(obj))
+
+
+def _run_part(fn, X, y):
+    return fn(X, y)
+
+
+def _frame_part(fn, df, features, label_column):
+    return fn(df[list(features)].to_numpy(dtype=np.float64), df[label_column].to_numpy())
+
+
+class DaskSource(Source):
+    """A Dask array ``X`` with labels ``y`` (a Dask array or array), or a Dask dataframe with
+    a label column. A pass runs ``fn`` on every partition on the cluster and merges the small
+    partial results (K x d x d numbers each) on the driver in partition order; the design and
+    the noise never leave the driver.
+
+    ``client`` is a :class:`distributed.Client` (default: Dask's current scheduler).
+    """
+
+    def __init__(self, X, y=None, *, label_column: str | None = None, classes=None,
+                 bounds=None, norm_bound=None, client=None):
+        import dask.array as da
+
+        super().__init__(classes, bounds, norm_bound)
+        self.client = client
+        if hasattr(X, "columns") and hasattr(X, "to_delayed"):  # a dask dataframe
+            if label_column is None or label_column not in X.columns:
+                raise ValueError("a Dask dataframe needs label_column= naming its label column")
+            self.kind, self.label_column = "frame", label_column
+            self.feature_names = tuple(str(c) for c in X.columns if c != label_column)
+            self.n_features = len(self.feature_names)
+            self.X = X
+            return
+        X = X if isinstance(X, da.Array) else da.asarray(X)
+        if X.ndim != 2:
+            raise ValueError("X must be two-dimensional (n_samples, n_features)")
+        if y is None:
+            raise ValueError("a Dask array X needs labels y")
+        y = y if isinstance(y, da.Array) else da.from_array(np.asarray(y), chunks=X.chunks[0])
+        if y.ndim == 2 and 1 in y.shape:
+            y = y.reshape(-1)
+        if y.ndim != 1 or y.shape[0] != X.shape[0]:
+            raise ValueError("X and y must have the same number of rows")
+        self.kind = "array"
+        self.X = X.rechunk({1: -1})
+        self.y = y.rechunk((self.X.chunks[0],))
+        self.n_features = X.shape[1]
+        self.feature_names = tuple(f"x{i}" for i in range(self.n_features))
+
+    def _parts(self, fn):
+        import dask
+
+        if self.kind == "frame":
+            task = dask.delayed(_frame_part, pure=True)
+            return [task(fn, p, self.feature_names, self.label_column)
+                    for p in self.X.to_delayed()]
+        task = dask.delayed(_run_part, pure=True)
+        xs = self.X.to_delayed().ravel()
+        ys = self.y.to_delayed().ravel()
+        return [task(fn, a, b) for a, b in zip(xs, ys, strict=True)]
+
+    def chunks(self):  # local fallback (one partition at a time on the driver)
+        for part in self._parts(lambda X, y: (np.asarray(X), np.asarray(y))):
+            yield part.compute(scheduler="sync")
+
+    def reduce(self, fn, merge, initial):
+        import dask
+
+        parts = self._parts(fn)
+        if self.client is not None:
+            results = self.client.gather(self.client.compute(parts))
+        else:
+            results = dask.compute(*parts)
+        acc = initial
+        for r in results:
+            acc = merge(acc, r)
+        return acc
+
+
+def as_source(X, y=None, *, classes=None, bounds=None, norm_bound=None, client=None,
+              label_column: str | None = None):
+    """``X`` as a :class:`Source` when it is one or a Dask collection, else ``None``."""
+    if isinstance(X, Source):
+        if y is not None:
+            raise ValueError("y goes with arrays; a data source carries its own labels")
+        if classes is not None:
+            X.classes, X.classes_declared = typed_classes(classes), True
+        if bounds is not None:
+            X.bounds = bounds
+        if norm_bound is not None:
+            X.norm_bound = norm_bound
+        if client is not None and isinstance(X, DaskSource):
+            X.client = client
+        return X
+    if is_dask_collection(X) or is_dask_collection(y):
+        return DaskSource(X, y, label_column=label_column, classes=classes, bounds=bounds,
+                          norm_bound=norm_bound, client=client)
+    return None

@@ -1,0 +1,288 @@
+"""Streaming statistics, chunked sources and streamed kl-certified releases."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import klrelease
+from klrelease.mechanisms.base import Plan
+from klrelease.statistics import class_statistics
+from klrelease.stream import (
+    ArraySource,
+    ClassMoments,
+    CSVSource,
+    ParquetSource,
+    chunk_moments,
+    per_class,
+    stream_quantile,
+)
+from klrelease.stream.quantile import norm_edges
+
+CLASSES = [0, 1, 2]
+
+
+def _data(n=3000, d=3, K=3, seed=0, offset=0.0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, K, n)
+    X = rng.normal(size=(n, d)) * (1 + y[:, None]) + y[:, None] * 2.0 + offset
+    return X, y
+
+
+def _merge_chunks(X, codes, K, cuts, f=None):
+    parts = [chunk_moments(X[a:b], codes[a:b], K, f) for a, b in zip(cuts[:-1], cuts[1:],
+                                                                     strict=True)]
+    return ClassMoments.merge_all(parts, K, X.shape[1] if f is None else parts[0].means.shape[1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 300), K=st.integers(1, 4), d=st.integers(1, 4),
+       seed=st.integers(0, 10_000), n_cuts=st.integers(0, 12), sort=st.booleans())
+def test_streamed_moments_equal_in_memory(n, K, d, seed, n_cuts, sort):
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, K, n)
+    if sort:  # chunks that hold one class only, and none of the others
+        codes = np.sort(codes)
+    X = rng.normal(size=(n, d)) * 3.0 + rng.normal(size=d) * 10
+    cuts = np.unique(np.concatenate([[0, n], rng.integers(0, n + 1, n_cuts)]))
+    m = _merge_chunks(X, codes, K, cuts)
+    for k in range(K):
+        rows = X[codes == k]
+        assert m.counts[k] == rows.shape[0]
+        if rows.shape[0]:
+            np.testing.assert_allclose(m.means[k], rows.mean(axis=0), rtol=1e-10, atol=1e-10)
+            C = rows - rows.mean(axis=0)
+            np.testing.assert_allclose(m.scatters[k], C.T @ C, rtol=1e-9, atol=1e-9)
+            np.testing.assert_allclose(m.second_moments[k], rows.T @ rows, rtol=1e-9,
+                                       atol=1e-9)
+        else:
+            assert np.all(m.means[k] == 0) and np.all(m.scatters[k] == 0)
+
+
+def test_row_map_is_applied_per_class():
+    X, y = _data()
+    shift = np.array([[0.0, 0, 0], [5, 5, 5], [-3, 1, 2]])
+    f = per_class(lambda T, k: np.abs(T - shift[k]))
+    m = _merge_chunks(X, y, 3, [0, 1000, 1001, 2999, 3000], f)
+    for k in range(3):
+        U = np.abs(X[y == k] - shift[k])
+        np.testing.assert_allclose(m.sums[k], U.sum(axis=0), rtol=1e-12)
+        np.testing.assert_allclose(m.second_moments[k], U.T @ U, rtol=1e-12)
+
+
+def test_class_statistics_agree():
+    X, y = _data(n=5000)
+    m = ArraySource(X, y, classes=CLASSES, chunk_rows=333).moments()
+    ref = class_statistics(X, y, 3)
+    np.testing.assert_array_equal(m.counts, ref.counts)
+    np.testing.assert_allclose(m.means, ref.means, rtol=1e-12)
+    np.testing.assert_allclose(m.scatters / (m.counts[:, None, None] - 1), ref.covariances,
+                               rtol=1e-10)
+
+
+def test_accuracy_at_large_n_with_a_common_offset():
+    """1e8 rows at offset 1e6 (simulated by merging 1000 partials of 1e5 rows): the variance
+    keeps its accuracy; the raw second moment in float64 would keep none of it."""
+    rng = np.random.default_rng(1)
+    offset, d, K = 1e6, 2, 2
+    block = rng.normal(size=(100_000, d))
+    codes = rng.integers(0, K, 100_000)
+    base = chunk_moments(block + offset, codes, K)
+    acc = ClassMoments.zeros(K, d)
+    for i in range(1000):  # each partial shifted by a small known amount
+        part = ClassMoments(base.counts.copy(), base.means + 1e-3 * (i % 7), base.scatters)
+        acc = acc.merge(part)
+    shifts = 1e-3 * (np.arange(1000) % 7)
+    for k in range(K):
+        rows = block[codes == k]
+        n_k = rows.shape[0]
+        C = rows - rows.mean(axis=0)
+        exact = 1000 * (C.T @ C) + n_k * np.sum((shifts - shifts.mean()) ** 2) * np.ones((d, d))
+        np.testing.assert_allclose(acc.scatters[k], exact, rtol=1e-8)
+        np.testing.assert_allclose(acc.means[k], rows.mean(axis=0) + offset + shifts.mean(),
+                                   rtol=1e-14)
+    assert acc.counts.sum() == 1e8
+
+
+def test_exact_quantile_matches_numpy_and_histogram_is_close():
+    X, y = _data(n=20_001, seed=4)
+    src = ArraySource(X, y, classes=CLASSES, chunk_rows=1000)
+
+    def f(Z):
+        return np.einsum("ij,ij->i", Z, Z)
+
+    v = f(X)
+    for q in (0.1, 0.5, 0.9):
+        assert stream_quantile(src, f, q, len(v), norm_edges(3)) == np.quantile(v, q)
+        h = stream_quantile(src, f, q, len(v), norm_edges(3), "histogram")
+        assert np.quantile(v, q) <= h <= np.quantile(v, q) * 1.005
+
+
+def test_exact_quantile_refines_crowded_bins(monkeypatch):
+    from klrelease.stream import quantile as qm
+
+    monkeypatch.setattr(qm, "COLLECT_LIMIT", 50)
+    X, y = _data(n=5000, seed=5)
+    src = ArraySource(X, y, classes=CLASSES, chunk_rows=700)
+
+    def f(Z):
+        return Z[:, 0] ** 2
+
+    assert stream_quantile(src, f, 0.9, 5000, norm_edges(1)) == np.quantile(f(X), 0.9)
+
+
+def _assert_same_release(a, b, rtol=1e-8):
+    for name in ("weights", "means", "covariances"):
+        A, B = getattr(a.gmm, name), getattr(b.gmm, name)
+        np.testing.assert_allclose(B, A, rtol=rtol, atol=rtol * np.max(np.abs(A)))
+
+
+@pytest.mark.parametrize("adjacency,extra", [("label-flip", {}),
+                                             ("replace-one", {"norm_bound": 40.0})])
+def test_streamed_release_equals_in_memory(adjacency, extra):
+    X, y = _data(n=4000, d=3, offset=20.0)
+    kw = dict(epsilon=1.0, delta=1e-6, seed=11, classes=CLASSES, adjacency=adjacency, **extra)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = klrelease.release(X, y, **kw)
+        b = klrelease.release(ArraySource(X, y, chunk_rows=517), None, **kw)
+    _assert_same_release(a, b)
+    assert b.options["data"] == "streamed in chunks"
+
+
+def test_memmap_source(tmp_path):
+    X, y = _data(n=2000)
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    src = ArraySource(np.load(tmp_path / "X.npy", mmap_mode="r"),
+                      np.load(tmp_path / "y.npy", mmap_mode="r"), classes=CLASSES,
+                      chunk_rows=300)
+    m = src.moments()
+    np.testing.assert_allclose(m.sums, np.stack([X[y == k].sum(0) for k in range(3)]),
+                               rtol=1e-12)
+
+
+def _write_parquet(path, X, y, parts=3):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.mkdir()
+    for i, idx in enumerate(np.array_split(np.arange(len(y)), parts)):
+        cols = {f"f{j}": X[idx, j] for j in range(X.shape[1])}
+        cols["label"] = np.array([f"c{v}" for v in y[idx]])
+        pq.write_table(pa.table(cols), path / f"part-{i}.parquet", row_group_size=257)
+
+
+def test_parquet_and_csv_sources(tmp_path):
+    X, y = _data(n=3000)
+    _write_parquet(tmp_path / "pq", X, y)
+    csv = tmp_path / "data.csv"
+    with csv.open("w") as fh:
+        fh.write("a,label,b,c\n")
+        for row, lab in zip(X, y, strict=True):
+            fh.write(f"{float(row[0])!r},{lab},{float(row[1])!r},{float(row[2])!r}\n")
+    ref = np.stack([X[y == k].sum(0) for k in range(3)])
+    pq_src = ParquetSource(str(tmp_path / "pq" / "*.parquet"), "label",
+                           classes=["c0", "c1", "c2"], chunk_rows=400)
+    assert pq_src.feature_names == ("f0", "f1", "f2")
+    np.testing.assert_allclose(pq_src.moments().sums, ref, rtol=1e-12)
+    csv_src = CSVSource(csv, "label", classes=["0", "1", "2"], block_bytes=1 << 14)
+    assert csv_src.classes == (0, 1, 2) and csv_src.feature_names == ("a", "b", "c")
+    np.testing.assert_allclose(csv_src.moments().sums, ref, rtol=1e-12)
+    undeclared = CSVSource(csv, "label", block_bytes=1 << 14)
+    assert undeclared.resolve_classes() == (0, 1, 2) and not undeclared.classes_declared
+
+
+class _NoNoise(np.random.Generator):
+    pass
+
+
+@pytest.mark.parametrize("bad", ["nan", "label"])
+def test_bad_value_in_last_chunk_fails_before_noise(tmp_path, bad, monkeypatch):
+    X, y = _data(n=3000)
+    y = y.astype(object)
+    if bad == "nan":
+        X[-1, 1] = np.nan
+        message = "X contains NaN or infinite values"
+    else:
+        y[-1] = 7
+        message = "y contains a label that is not one of the declared classes"
+    _write_parquet(tmp_path / "pq", X, np.array([str(v) for v in y]))
+    drawn = []
+    monkeypatch.setattr(Plan, "draw", lambda self, rng: drawn.append(1))
+    src = ParquetSource(tmp_path / "pq", "label", classes=["c0", "c1", "c2"], chunk_rows=512)
+    with pytest.raises(ValueError) as exc:
+        klrelease.release(src, None, epsilon=1.0, delta=1e-6)
+    assert str(exc.value) == message and not drawn
+    arr = ArraySource(X, y, classes=CLASSES, chunk_rows=512)
+    with pytest.raises(ValueError, match="NaN or infinite|not one of the declared"):
+        klrelease.release(arr, None, epsilon=1.0, delta=1e-6)
+    assert not drawn
+
+
+def test_source_refused_by_in_memory_mechanisms():
+    X, y = _data(n=500)
+    with pytest.raises(ValueError, match="needs the data in memory"):
+        klrelease.release(ArraySource(X, y, classes=CLASSES), None, epsilon=1.0, delta=1e-6,
+                          mechanism="gaussian-iid")
+
+
+def test_dask_local_cluster_release_equals_in_memory():
+    da = pytest.importorskip("dask.array")
+    dd = pytest.importorskip("dask.dataframe")
+    distributed = pytest.importorskip("distributed")
+    import pandas as pd
+
+    X, y = _data(n=6000, d=3, offset=5.0)
+    kw = dict(epsilon=1.0, delta=1e-6, seed=5, classes=CLASSES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = klrelease.release(X, y, **kw)
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                      dashboard_address=None) as cluster, \
+                distributed.Client(cluster) as client:
+            Xd = da.from_array(X, chunks=(1100, 3))
+            yd = da.from_array(y, chunks=1100)
+            on_cluster = klrelease.release(Xd, yd, client=client, **kw)
+            frame = pd.DataFrame({"u": X[:, 0], "v": X[:, 1], "w": X[:, 2], "label": y})
+            ddf = dd.from_pandas(frame, npartitions=4)
+            from klrelease.stream import DaskSource
+
+            from_frame = klrelease.release(DaskSource(ddf, label_column="label",
+                                                      client=client), None, **kw)
+            Xbad = X.copy()
+            Xbad[-1, 0] = np.inf
+            with pytest.raises(ValueError, match="^X contains NaN or infinite values$"):
+                klrelease.release(da.from_array(Xbad, chunks=(1100, 3)), yd, client=client,
+                                  **kw)
+    _assert_same_release(ref, on_cluster)
+    _assert_same_release(ref, from_frame)
+    assert from_frame.feature_names == ["u", "v", "w"]
+
+
+def test_cli_release_from_parquet_streams_and_on_dask(tmp_path, monkeypatch):
+    pytest.importorskip("distributed")
+    from klrelease.artifact import Release
+    from klrelease.cli import main
+
+    X, y = _data(n=3000)
+    _write_parquet(tmp_path / "pq", X, y)
+    monkeypatch.chdir(tmp_path)
+    base = ["release", "--epsilon", "1", "--delta", "1e-6", "--seed", "3",
+            "--label-column", "label", "--classes", "c0,c1,c2"]
+    assert main([*base, "--parquet", "pq/*.parquet", "--out", "a.json"]) == 0
+    assert main([*base, "--parquet", "pq", "--dask", "--out", "b.json"]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = klrelease.release(X, np.array([f"c{v}" for v in y]), epsilon=1.0, delta=1e-6,
+                                seed=3, classes=["c0", "c1", "c2"])
+    a, b = Release.load(tmp_path / "a.json"), Release.load(tmp_path / "b.json")
+    _assert_same_release(ref, a, rtol=1e-6)
+    _assert_same_release(ref, b, rtol=1e-6)
+    assert a.feature_names == ["f0", "f1", "f2"]
+    assert main([*base, "--parquet", "pq", "--mechanism", "gaussian-iid",
+                 "--out", "c.json"]) == 2
