@@ -264,13 +264,13 @@ def test_gmm_mask_is_order_invariant():
 # ---------------------------------------------------------------- end to end
 
 def test_learners_fail_at_small_n_with_public_reasons():
-    assert {"ppe-gmm", "ppe-gaussian", "ppme-gaussian"} <= set(learners())
+    assert {"ppe-gmm", "ppe-gaussian-oneshot", "ppme-gaussian"} <= set(learners())
     rng = np.random.default_rng(10)
     X = rng.normal(size=(2000, 3)) * 7 + 100
     r = learn(X, 3, epsilon=1, delta=1e-6, learner="ppe-gmm", seed=0)
     assert r.failed and r.stage == "configuration" and "N=2000" in r.reason
     X = rng.normal(size=(20000, 3)) * 7 + 100
-    r = learn(X, 1, epsilon=1, delta=1e-6, learner="ppe-gaussian", seed=0)
+    r = learn(X, 1, epsilon=1, delta=1e-6, learner="ppe-gaussian-oneshot", seed=0)
     assert r.failed and r.stage == "popularity test" and r.gmm is None
     assert "100" not in r.reason and "7." not in r.reason  # no statistic of the data
     doc = json.loads(r.to_json())
@@ -345,10 +345,10 @@ def test_learn_command_exit_codes(tmp_path):
     out = tmp_path / "r.json"
     args = ["learn", "--csv", str(path), "--components", "1", "--epsilon", "1", "--delta",
             "1e-6", "--out", str(out), "--seed", "0"]
-    assert main(args + ["--learner", "ppe-gaussian"]) == 3
+    assert main(args + ["--learner", "ppe-gaussian-oneshot"]) == 3
     assert json.loads(out.read_text())["stage"] == "popularity test"
     assert main(args + ["--learner", "no-such-learner"]) == 2
-    assert main(args + ["--learner", "ppe-gaussian", "--columns", "zz"]) == 2
+    assert main(args + ["--learner", "ppe-gaussian-oneshot", "--columns", "zz"]) == 2
 
 
 def test_component_mask_privacy_loss_by_monte_carlo_at_the_calibrated_radius():
