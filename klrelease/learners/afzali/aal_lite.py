@@ -29,6 +29,7 @@ import warnings
 
 import numpy as np
 
+from ..._threads import blas_single_thread
 from ...privacy.ledger import Ledger
 from ...privacy.toolbox import noisy_sum_count, stable_select, stable_select_threshold
 from ..kamath.common import fail, guarantee, structure_rng, structure_seed, success
@@ -134,6 +135,7 @@ def decode_theta(theta: np.ndarray, key, k: int, d: int, u, w_mu, w_l, L_F):
     return w / w.sum(), np.array(means), np.array(covs)
 
 
+@blas_single_thread  # many small fits: threaded BLAS only adds synchronisation
 def _block_candidates(F, H, k, seeds, tau_ll, reg):
     from sklearn.mixture import GaussianMixture
 

@@ -22,6 +22,7 @@ import warnings
 
 import numpy as np
 
+from ..._threads import blas_single_thread
 from ...privacy.ledger import Ledger
 from ...privacy.toolbox import (
     above_threshold,
@@ -102,6 +103,7 @@ def block_radius_query(points: np.ndarray, block_of: np.ndarray, radii: np.ndarr
     return best.sum(axis=0) / t
 
 
+@blas_single_thread  # many small fits: threaded BLAS only adds synchronisation
 def _fit_blocks(X, perm, m, n_b, k, master, n_init, R):
     from sklearn.mixture import GaussianMixture
 
