@@ -336,6 +336,45 @@ def test_labelled_mechanism_raises_mechanism_failed_with_its_stage():
     assert p.guarantee.certified and p.guarantee.neighbouring == "replace-one"
 
 
+def test_labelled_fail_through_release_carries_its_artifact_and_spends_the_budget():
+    import klrelease
+
+    rng = np.random.default_rng(14)
+    X = np.vstack([rng.normal(size=(2000, 2)) + 37.25, rng.normal(size=(2000, 2)) + 41.5])
+    y = np.r_[np.zeros(2000), np.ones(2000)]
+    acc = klrelease.BudgetAccountant(3.0, 1e-4)
+    with pytest.raises(MechanismFailed) as exc:
+        klrelease.release(X, y, epsilon=1, delta=1e-5, mechanism="ppe-gaussian",
+                          accountant=acc)
+    doc = json.loads(exc.value.to_json())
+    assert doc["status"] == "FAIL" and doc["stage"] == "popularity test"
+    assert doc["reason"] == exc.value.reason and "gmm" not in doc
+    assert doc["mechanism"] == "ppe-gaussian" and doc["randomness"]["secure"] is True
+    assert doc["privacy"]["certified"] is True  # unseeded: the FAIL is a certified output
+    assert doc["privacy"]["neighbouring"] == "replace-one"
+    assert doc["options"]["n_samples"] == 4000 and doc["settings"]["adjacency"] == "replace-one"
+    text = exc.value.to_json()
+    assert "37." not in text and "41." not in text  # no statistic of the data
+    assert len(acc.spent) == 1  # a FAIL is an output: it spends the budget
+    with pytest.raises(ValueError, match="release"):
+        MechanismFailed("s", "r").to_json()
+
+
+def test_release_command_exits_3_on_a_mechanism_fail(tmp_path, capsys):
+    from klrelease.cli import main
+
+    rng = np.random.default_rng(15)
+    path = tmp_path / "l.csv"
+    rows = np.column_stack([rng.normal(size=(4000, 2)), np.repeat([0, 1], 2000)])
+    np.savetxt(path, rows, delimiter=",", header="a,b,y", comments="", fmt=["%.6f", "%.6f",
+                                                                           "%d"])
+    rc = main(["release", "--csv", str(path), "--label-column", "y", "--mechanism",
+               "ppe-gaussian", "--epsilon", "1", "--delta", "1e-5", "--classes", "0,1",
+               "--out", str(tmp_path / "r.json"), "--seed", "0"])
+    assert rc == 3
+    assert "FAIL at stage popularity test" in capsys.readouterr().err
+
+
 def test_learn_command_exit_codes(tmp_path):
     from klrelease.cli import main
 
