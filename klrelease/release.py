@@ -10,6 +10,7 @@ import numpy as np
 from .artifact import PrivacyBlock, RandomnessBlock, Release, SolverBlock
 from .data import as_labelled_data, check_privacy_parameters
 from .kl import KLEstimate, monte_carlo_kl
+from .learners.result import MechanismFailed
 from .mechanisms import Plan, get_mechanism
 from .privacy.guarantee import BudgetAccountant
 from .rng import make_rng
@@ -163,7 +164,17 @@ def release(
     g = p.guarantee if src.secure else p.guarantee.seeded()
     if accountant is not None:
         accountant.check(g)
-    gmm = p.draw(src.generator)
+    try:
+        gmm = p.draw(src.generator)
+    except MechanismFailed as exc:
+        # FAIL is an output of the mechanism (its proof covers it): it spends the budget and
+        # comes back as an artifact of public content, attached to the exception
+        if accountant is not None:
+            accountant.spend(g)
+        if not g.certified:
+            warnings.warn(f"{p.mechanism}: {g.statement}", PrivacyLeakWarning, stacklevel=2)
+        exc.result = _fail_artifact(p, g, opts, src, data, exc)
+        raise
     if accountant is not None:
         accountant.spend(g)
     if not g.certified:
@@ -190,6 +201,23 @@ def release(
     )
     log.info("released %s", out.summary())
     return out
+
+
+def _fail_artifact(p: Plan, g, opts, src, data, exc: MechanismFailed) -> dict:
+    """The FAIL outcome as a document shaped like a release artifact, without a GMM."""
+    privacy = PrivacyBlock(epsilon=g.epsilon, delta=g.delta, neighbouring=g.neighbouring,
+                           certified=g.certified, statement=g.statement,
+                           reasons=list(g.reasons), accounting=g.accounting)
+    note = ("noise from a ChaCha20 CSPRNG keyed by the operating system" if src.secure else
+            "seeded generator: reproducible, for experiments only; not a secure release")
+    randomness = RandomnessBlock(secure=src.secure, seed=src.seed, note=note)
+    doc = Release.model_construct(mechanism=p.mechanism, gmm=None, privacy=privacy,
+                                  randomness=randomness, settings=opts.as_dict(),
+                                  options=p.public_options).model_dump(
+        mode="json", exclude={"gmm", "solver"})
+    doc.update(status="FAIL", stage=exc.stage, reason=exc.reason,
+               feature_names=list(data.feature_names))
+    return doc
 
 
 def expected_kl(p: Plan, reference, *, n_draws: int = 100, seed=None) -> KLEstimate:

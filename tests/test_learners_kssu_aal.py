@@ -350,3 +350,18 @@ def test_diagnostics_hold_only_public_or_released_values(name):
     if name == "kamath-pgme":
         for node in res.diagnostics["nodes"]:
             assert set(node) <= {"path", "k_node", "bounding_radius", "outcome", "ball_radius"}
+
+
+@pytest.mark.parametrize(("name", "n", "opts"), [
+    ("kamath-sa-lite", 30000, {"R": 7.0, "sigma_min": 0.5, "sigma_max": 2.0, "n_init": 1}),
+    ("afzali-style-sample-aggregate", 12000, {"w_mu": 2.0, "r_init": 1}),
+])
+def test_block_learners_report_progress_per_block(name, n, opts):
+    rng = np.random.default_rng(19)
+    X, _ = _mixture(n, 2, 2, 6.0, rng)
+    ticks = []
+    res = learn(X, 2, epsilon=4.0, delta=1e-6, learner=name, seed=6, progress=ticks.append,
+                **opts)
+    assert ticks == [1] * res.diagnostics["blocks"] and len(ticks) > 1
+    quiet = learn(X, 2, epsilon=4.0, delta=1e-6, learner=name, seed=6, progress=True, **opts)
+    assert quiet.to_json() == res.to_json()  # a non-callable progress is ignored

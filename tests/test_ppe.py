@@ -264,13 +264,13 @@ def test_gmm_mask_is_order_invariant():
 # ---------------------------------------------------------------- end to end
 
 def test_learners_fail_at_small_n_with_public_reasons():
-    assert {"ppe-gmm", "ppe-gaussian", "ppme-gaussian"} <= set(learners())
+    assert {"ppe-gmm", "ppe-gaussian-oneshot", "ppme-gaussian"} <= set(learners())
     rng = np.random.default_rng(10)
     X = rng.normal(size=(2000, 3)) * 7 + 100
     r = learn(X, 3, epsilon=1, delta=1e-6, learner="ppe-gmm", seed=0)
     assert r.failed and r.stage == "configuration" and "N=2000" in r.reason
     X = rng.normal(size=(20000, 3)) * 7 + 100
-    r = learn(X, 1, epsilon=1, delta=1e-6, learner="ppe-gaussian", seed=0)
+    r = learn(X, 1, epsilon=1, delta=1e-6, learner="ppe-gaussian-oneshot", seed=0)
     assert r.failed and r.stage == "popularity test" and r.gmm is None
     assert "100" not in r.reason and "7." not in r.reason  # no statistic of the data
     doc = json.loads(r.to_json())
@@ -336,6 +336,45 @@ def test_labelled_mechanism_raises_mechanism_failed_with_its_stage():
     assert p.guarantee.certified and p.guarantee.neighbouring == "replace-one"
 
 
+def test_labelled_fail_through_release_carries_its_artifact_and_spends_the_budget():
+    import klrelease
+
+    rng = np.random.default_rng(14)
+    X = np.vstack([rng.normal(size=(2000, 2)) + 37.25, rng.normal(size=(2000, 2)) + 41.5])
+    y = np.r_[np.zeros(2000), np.ones(2000)]
+    acc = klrelease.BudgetAccountant(3.0, 1e-4)
+    with pytest.raises(MechanismFailed) as exc:
+        klrelease.release(X, y, epsilon=1, delta=1e-5, mechanism="ppe-gaussian",
+                          accountant=acc)
+    doc = json.loads(exc.value.to_json())
+    assert doc["status"] == "FAIL" and doc["stage"] == "popularity test"
+    assert doc["reason"] == exc.value.reason and "gmm" not in doc
+    assert doc["mechanism"] == "ppe-gaussian" and doc["randomness"]["secure"] is True
+    assert doc["privacy"]["certified"] is True  # unseeded: the FAIL is a certified output
+    assert doc["privacy"]["neighbouring"] == "replace-one"
+    assert doc["options"]["n_samples"] == 4000 and doc["settings"]["adjacency"] == "replace-one"
+    text = exc.value.to_json()
+    assert "37." not in text and "41." not in text  # no statistic of the data
+    assert len(acc.spent) == 1  # a FAIL is an output: it spends the budget
+    with pytest.raises(ValueError, match="release"):
+        MechanismFailed("s", "r").to_json()
+
+
+def test_release_command_exits_3_on_a_mechanism_fail(tmp_path, capsys):
+    from klrelease.cli import main
+
+    rng = np.random.default_rng(15)
+    path = tmp_path / "l.csv"
+    rows = np.column_stack([rng.normal(size=(4000, 2)), np.repeat([0, 1], 2000)])
+    np.savetxt(path, rows, delimiter=",", header="a,b,y", comments="", fmt=["%.6f", "%.6f",
+                                                                           "%d"])
+    rc = main(["release", "--csv", str(path), "--label-column", "y", "--mechanism",
+               "ppe-gaussian", "--epsilon", "1", "--delta", "1e-5", "--classes", "0,1",
+               "--out", str(tmp_path / "r.json"), "--seed", "0"])
+    assert rc == 3
+    assert "FAIL at stage popularity test" in capsys.readouterr().err
+
+
 def test_learn_command_exit_codes(tmp_path):
     from klrelease.cli import main
 
@@ -345,10 +384,10 @@ def test_learn_command_exit_codes(tmp_path):
     out = tmp_path / "r.json"
     args = ["learn", "--csv", str(path), "--components", "1", "--epsilon", "1", "--delta",
             "1e-6", "--out", str(out), "--seed", "0"]
-    assert main(args + ["--learner", "ppe-gaussian"]) == 3
+    assert main(args + ["--learner", "ppe-gaussian-oneshot"]) == 3
     assert json.loads(out.read_text())["stage"] == "popularity test"
     assert main(args + ["--learner", "no-such-learner"]) == 2
-    assert main(args + ["--learner", "ppe-gaussian", "--columns", "zz"]) == 2
+    assert main(args + ["--learner", "ppe-gaussian-oneshot", "--columns", "zz"]) == 2
 
 
 def test_component_mask_privacy_loss_by_monte_carlo_at_the_calibrated_radius():

@@ -2,7 +2,8 @@
 
 Bad input or a failing environment (an unwritable output, a missing file) exits with status 2
 and a single ``error: ...`` line on stderr, writes nothing, and never shows a traceback. Output
-paths are checked before any computation.
+paths are checked before any computation. A mechanism's FAIL output (``MechanismFailed``)
+exits with status 3 and one ``FAIL at stage ...`` line with its public reason.
 """
 
 from __future__ import annotations
@@ -286,11 +287,15 @@ def _optional_values(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the app and maps input errors to exit status 2."""
     from .. import solvers
+    from ..learners.result import MechanismFailed
 
     argv = _optional_values(list(sys.argv[1:] if argv is None else argv))
     try:
         # a command ending with typer.Exit(code) returns that code in non-standalone mode
         rc = app(args=argv, standalone_mode=False, prog_name="klrelease")
+    except MechanismFailed as exc:  # the mechanism's FAIL output (public stage and reason)
+        print(f"FAIL at stage {exc.stage}: {_one_line(exc.reason)}", file=sys.stderr)
+        return 3
     except solvers.SolverFailed as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 1

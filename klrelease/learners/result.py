@@ -103,13 +103,24 @@ class MechanismFailed(Exception):
     """A labelled release mechanism returned FAIL (raised by ``Plan.sample``).
 
     The FAIL is an output of the mechanism, covered by its privacy proof: ``stage`` names the
-    step that failed and ``reason`` states it with public numbers only.
+    step that failed and ``reason`` states it with public numbers only. When it comes through
+    :func:`klrelease.release`, ``result`` holds the FAIL artifact (a JSON-ready dict: the
+    privacy block, ``status: "FAIL"``, the stage and the reason, the public options and the
+    randomness block; no statistic of the data); raised by a bare ``Plan.sample`` it is
+    ``None``.
     """
 
-    def __init__(self, stage: str, reason: str):
+    def __init__(self, stage: str, reason: str, result: dict[str, Any] | None = None):
         super().__init__(f"FAIL at stage {stage}: {reason}")
         self.stage = stage
         self.reason = reason
+        self.result = result
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """The FAIL artifact as JSON (only when it came through ``release()``)."""
+        if self.result is None:
+            raise ValueError("this FAIL did not come through release(): no artifact")
+        return json.dumps(self.result, indent=indent)
 
 
 #: A learner: ``fn(X, n_components, *, epsilon, delta, rng, **options) -> LearnResult``.

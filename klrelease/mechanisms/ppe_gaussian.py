@@ -11,7 +11,8 @@ and a popular block is released through the product of the component masks (weig
 covariance masks per class, renormalised weights). A failed test raises
 :class:`klrelease.learners.result.MechanismFailed` from :meth:`PPEGaussianPlan.sample`, as does
 a configuration that cannot run (``N / t`` below ``K (d + 1)``: a function of N, d, K and
-the budget only).
+the budget only); :func:`klrelease.release` attaches the FAIL artifact (privacy block, stage,
+public reason) to the exception as ``result``.
 
 Privacy map (proof in ``ppe_gaussian.md`` beside this module). Neighbouring relation:
 replace-one (two datasets of the same size N differ in one record, features and label), the

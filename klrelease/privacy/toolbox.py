@@ -20,6 +20,10 @@ substitution, or, for a mechanism run on a data-dependent subset, an addition or
   L2 sensitivity ``2 rho``: (eps, delta)-DP with the analytic calibration.
 * :func:`symmetric_gaussian` -- symmetric matrix noise for a Frobenius-sensitivity statistic.
 
+Every output passes through :func:`klrelease.privacy.tape.released` (the identity outside a
+release tape): a test replays a learner's released values on a neighbouring dataset and checks
+that its control flow depends on them only.
+
 Floating-point caveat: Laplace and Gaussian noise are drawn as IEEE doubles (idealised real
 arithmetic, Mironov 2012), as everywhere else in the library.
 """
@@ -33,6 +37,7 @@ from collections.abc import Hashable, Iterable, Sequence
 import numpy as np
 
 from .calibration import analytic_gaussian_sigma
+from .tape import released
 
 __all__ = [
     "gauss_sigma",
@@ -60,7 +65,9 @@ def gauss_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
 def laplace_count(count: float, epsilon: float, rng: np.random.Generator,
                   sensitivity: float = 1.0) -> float:
     """``count + Lap(sensitivity / epsilon)``: epsilon-DP."""
-    return float(count) + float(rng.laplace(0.0, sensitivity / epsilon))
+    return released("laplace count",
+                    float(count) + float(rng.laplace(0.0, sensitivity / epsilon)),
+                    epsilon=epsilon, sensitivity=sensitivity)
 
 
 def above_threshold(values: Sequence[float], threshold: float, sensitivity: float,
@@ -73,11 +80,14 @@ def above_threshold(values: Sequence[float], threshold: float, sensitivity: floa
     queries. Returns ``None`` (bottom) when no query passes. Answers after the halting index
     are never looked at, so computing all answers beforehand releases nothing more.
     """
+    values = list(values)
+    public = {"threshold": threshold, "sensitivity": sensitivity, "epsilon": epsilon,
+              "n_queries": len(values)}
     tau_hat = float(threshold) + float(rng.laplace(0.0, 2.0 * sensitivity / epsilon))
     for i, v in enumerate(values):
         if float(v) + float(rng.laplace(0.0, 4.0 * sensitivity / epsilon)) >= tau_hat:
-            return i
-    return None
+            return released("above threshold", i, **public)
+    return released("above threshold", None, **public)
 
 
 def above_threshold_gamma(n_queries: int, sensitivity: float, epsilon: float,
@@ -95,6 +105,12 @@ def exponential_mechanism(scores: Sequence[float], sensitivity: float, epsilon: 
     Implemented with the Gumbel-max trick. epsilon-DP.
     """
     s = np.asarray(scores, dtype=np.float64)
+    return released("exponential mechanism", _gumbel_argmax(s, sensitivity, epsilon, rng),
+                    sensitivity=sensitivity, epsilon=epsilon, n_candidates=len(s))
+
+
+def _gumbel_argmax(s: np.ndarray, sensitivity: float, epsilon: float,
+                   rng: np.random.Generator) -> int:
     g = rng.gumbel(size=s.shape)
     return int(np.argmax(epsilon * s / (2.0 * sensitivity) + g))
 
@@ -113,7 +129,12 @@ def stable_histogram(keys: Iterable[Hashable], epsilon: float, delta: float,
     ``1 + (2/eps) ln(2/delta)`` are released and the arg-max among them is returned with its
     noisy count (post-processing). ``(None, None)`` when no cell passes. (eps, delta)-DP.
     """
-    counts = Counter(keys)
+    out = _stable_histogram(Counter(keys), epsilon, delta, rng)
+    return released("stable histogram", out, epsilon=epsilon, delta=delta)
+
+
+def _stable_histogram(counts: Counter, epsilon: float, delta: float,
+                      rng: np.random.Generator) -> tuple[Hashable | None, float | None]:
     if not counts:
         return None, None
     tau = stable_histogram_threshold(epsilon, delta)
@@ -155,15 +176,18 @@ def stable_select(key_sets: Sequence[Iterable[Hashable]], epsilon_a: float, epsi
                 break
         scores.update(seen)
     tau = stable_select_threshold(epsilon_a, epsilon_b, delta_tv, max_keys)
+    public = {"epsilon_a": epsilon_a, "epsilon_b": epsilon_b, "delta_tv": delta_tv,
+              "max_keys": max_keys}
     info = {"threshold": tau}
     opt = max(scores.values()) if scores else 0
     noisy_opt = opt + float(rng.laplace(0.0, 1.0 / epsilon_a))
     info["noisy_max_score"] = noisy_opt
     if not scores or noisy_opt < tau:
-        return None, info
+        return released("stable select", (None, info), **public)
     keys = list(scores)
-    idx = exponential_mechanism([scores[k] for k in keys], 1.0, epsilon_b, rng)
-    return keys[idx], info
+    s = np.array([scores[k] for k in keys], dtype=np.float64)
+    idx = _gumbel_argmax(s, 1.0, epsilon_b, rng)
+    return released("stable select", (keys[idx], info), **public)
 
 
 def clip_rows(Y: np.ndarray, centre: np.ndarray, rho: float) -> np.ndarray:
@@ -199,7 +223,8 @@ def noisy_sum_count(Y: np.ndarray, centre: np.ndarray, rho: float, epsilon: floa
     sigma = gauss_sigma(2.0 * rho, epsilon, delta)
     v = clipped_sum_count(Y, centre, rho) + rng.normal(0.0, sigma, size=m + 1)
     cnt = float(v[m] / rho)
-    return centre + v[:m] / max(cnt, 1.0), cnt
+    return released("noisy sum and count", (centre + v[:m] / max(cnt, 1.0), cnt),
+                    centre=centre, rho=rho, epsilon=epsilon, delta=delta, sigma=sigma)
 
 
 def symmetric_gaussian(m: int, sigma: float, rng: np.random.Generator) -> np.ndarray:

@@ -29,6 +29,7 @@ import warnings
 
 import numpy as np
 
+from ..._threads import blas_single_thread
 from ...privacy.ledger import Ledger
 from ...privacy.toolbox import noisy_sum_count, stable_select, stable_select_threshold
 from ..kamath.common import fail, guarantee, structure_rng, structure_seed, success
@@ -134,6 +135,7 @@ def decode_theta(theta: np.ndarray, key, k: int, d: int, u, w_mu, w_l, L_F):
     return w / w.sum(), np.array(means), np.array(covs)
 
 
+@blas_single_thread  # many small fits: threaded BLAS only adds synchronisation
 def _block_candidates(F, H, k, seeds, tau_ll, reg):
     from sklearn.mixture import GaussianMixture
 
@@ -160,14 +162,15 @@ def learn_aal_style(X, n_components: int, *, epsilon: float, delta: float,
                     rng: np.random.Generator, w_mu: float | None = None, sigma_max: float = 3.0,
                     w_l: float = 0.5, L_F: float = 2.0, Q: int = 4, r_init: int = 10,
                     holdout: float = 0.3, tau_ll: float = 0.05, blocks: int | None = None,
-                    refine: bool = True, seed: int | None = None,
+                    refine: bool = True, seed: int | None = None, progress=None,
                     **_ignored) -> LearnResult:
     """Sample-and-aggregate following Afzali et al.'s privacy architecture (no utility claim).
 
     Public parameters: ``w_mu`` mean-cell width (default ``3 sigma_max``), ``w_l`` log-scale
     cell width, ``L_F`` shape clip, ``Q`` keys per block, ``r_init`` EM restarts, ``holdout``
     fraction, ``tau_ll`` likelihood filter (nats/point), ``blocks`` T (default
-    ``min(n // max(100, 15 P), 1000)``, P the number of free parameters).
+    ``min(n // max(100, 15 P), 1000)``, P the number of free parameters). ``progress``,
+    when callable, is called with 1 after each block's fits.
     """
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
@@ -220,6 +223,8 @@ def learn_aal_style(X, n_components: int, *, epsilon: float, delta: float,
                 break
         key_sets.append(ks)
         reps.append(rep)
+        if callable(progress):
+            progress(1)
     kappa, info = stable_select(key_sets, e_a, e_b, d_tv, Q, rng)
     diag["select"] = info
     if kappa is None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...privacy.tape import released
 from ...privacy.toolbox import (
     above_threshold,
     clip_rows,
@@ -244,7 +245,9 @@ def private_pca(X: np.ndarray, centre: np.ndarray, radius: float, k: int, epsilo
     m = X.shape[1]
     M = clipped_scatter(X, centre, radius)
     sigma = gauss_sigma(math.sqrt(2.0) * radius**2, epsilon, delta)
-    _, vecs = np.linalg.eigh(M + symmetric_gaussian(m, sigma, rng))
+    noisy = released("private PCA scatter", M + symmetric_gaussian(m, sigma, rng),
+                     centre=centre, radius=radius, epsilon=epsilon, delta=delta, sigma=sigma)
+    _, vecs = np.linalg.eigh(noisy)
     return vecs[:, ::-1][:, :k]
 
 
@@ -263,11 +266,13 @@ def psge(X: np.ndarray, ball: Ball, epsilon: float, delta: float, sigma_floor: f
     m_x = laplace_count(len(Xp), epsilon / 3.0, rng)
     s_mu = gauss_sigma(2.0 * r, epsilon / 3.0, delta)
     total = (Xp - c).sum(axis=0) if len(Xp) else np.zeros(ell)
-    mu = c + (total + rng.normal(0.0, s_mu, size=ell)) / max(m_x, 1.0)
+    mu = released("PSGE mean", c + (total + rng.normal(0.0, s_mu, size=ell)) / max(m_x, 1.0),
+                  centre=c, radius=r, epsilon=epsilon / 3.0, delta=delta, sigma=s_mu)
     dev = Xp - mu
     sq = np.minimum(np.sum(dev * dev, axis=1), 4.0 * r * r) if len(Xp) else np.zeros(0)
-    var = (float(sq.sum()) + float(rng.laplace(0.0, 12.0 * r * r / epsilon))) / (
-        max(m_x, 1.0) * ell)
+    var = released("PSGE variance", (float(sq.sum()) + float(
+        rng.laplace(0.0, 12.0 * r * r / epsilon))) / (max(m_x, 1.0) * ell),
+        radius=r, epsilon=epsilon / 3.0, scale=12.0 * r * r / epsilon)
     return mu, max(var, sigma_floor**2), m_x
 
 
@@ -302,7 +307,9 @@ def pge_lite(C: np.ndarray, ball: Ball, epsilon: float, delta: float, rounds: in
         r_s = 2.0 * r if j == 0 else r  # round 2: r already contains the points around mu
         M = clipped_scatter(C, mu, r_s)
         sig = gauss_sigma(math.sqrt(2.0) * r_s**2, 0.6 * e, 0.5 * dl)
-        Sigma = (M + symmetric_gaussian(d, sig, rng)) / max(cnt, 1.0)
+        Sigma = released("PGE-lite scatter", (M + symmetric_gaussian(d, sig, rng))
+                         / max(cnt, 1.0), centre=mu, radius=r_s, epsilon=0.6 * e,
+                         delta=0.5 * dl, sigma=sig)
         Sigma = _psd_clip(Sigma, lambda_floor, lambda_cap)
         if j + 1 < len(shares):
             n_eff = max(cnt, 1.0)

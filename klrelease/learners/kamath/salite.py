@@ -22,6 +22,7 @@ import warnings
 
 import numpy as np
 
+from ..._threads import blas_single_thread
 from ...privacy.ledger import Ledger
 from ...privacy.toolbox import (
     above_threshold,
@@ -102,7 +103,8 @@ def block_radius_query(points: np.ndarray, block_of: np.ndarray, radii: np.ndarr
     return best.sum(axis=0) / t
 
 
-def _fit_blocks(X, perm, m, n_b, k, master, n_init, R):
+@blas_single_thread  # many small fits: threaded BLAS only adds synchronisation
+def _fit_blocks(X, perm, m, n_b, k, master, n_init, R, tick=None):
     from sklearn.mixture import GaussianMixture
 
     d = X.shape[1]
@@ -126,6 +128,8 @@ def _fit_blocks(X, perm, m, n_b, k, master, n_init, R):
             ok[b] = np.all(np.isfinite(gm.means_), axis=1)
         except Exception:  # noqa: BLE001 - a failed fit contributes nothing (rule 5)
             ok[b] = False
+        if tick is not None:
+            tick(1)
     return means, weights, variances, ok
 
 
@@ -133,13 +137,14 @@ def learn_salite(X, n_components: int, *, epsilon: float, delta: float,
                  rng: np.random.Generator, R: float = 10.0, sigma_min: float = 0.1,
                  sigma_max: float = 3.0, alpha: float = 0.1, beta: float = 0.05,
                  block_size: int | None = None, agree: float = 0.8, n_init: int = 3,
-                 seed: int | None = None, **_ignored) -> LearnResult:
+                 seed: int | None = None, progress=None, **_ignored) -> LearnResult:
     """Kamath et al. sample-and-aggregate, practical (SA-lite).
 
     Public parameters: ``R`` bound on the mean norms (block means are clipped to it),
     ``sigma_min``, ``sigma_max`` standard-deviation bounds, ``alpha`` weight-bin width times
     k, ``block_size`` (default ``max(30, 10 k (d + 1))``), ``agree`` the fraction of blocks the
     radius query targets (``t = ceil(agree m)``), ``n_init`` EM restarts per block.
+    ``progress``, when callable, is called with 1 after each block's fit.
     """
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
@@ -166,7 +171,8 @@ def learn_salite(X, n_components: int, *, epsilon: float, delta: float,
                     f"{t - gamma:.4g} or the selection threshold {tau_s:.4g} (n={n}, d={d}, "
                     f"k={k}, eps={epsilon:g}); decided from public numbers only", diag)
     perm = structure_rng(master, "perm").permutation(n)
-    M, W, Vv, active = _fit_blocks(X, perm, m, n_b, k, master, n_init, R)
+    M, W, Vv, active = _fit_blocks(X, perm, m, n_b, k, master, n_init, R,
+                                   progress if callable(progress) else None)
     block_ids = np.repeat(np.arange(m), k).reshape(m, k)
     out_means, out_w, out_v = [], [], []
     lv_lo, lv_hi = 2 * math.log(sigma_min), 2 * math.log(sigma_max)

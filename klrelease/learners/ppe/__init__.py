@@ -4,7 +4,8 @@ Registers the unlabelled-data learners
 
 * ``ppe-gmm``       -- K-component GMM by PPE with scikit-learn EM per block (Arbas, Ashtiani &
   Liaw 2023);
-* ``ppe-gaussian``  -- one Gaussian by a single PPE call (K = 1);
+* ``ppe-gaussian-oneshot`` -- one Gaussian by a single PPE call (K = 1; the labelled
+  mechanism ``ppe-gaussian`` is a different object, in :mod:`klrelease.mechanisms`);
 * ``ppme-gaussian`` -- one Gaussian by the staged pipeline of Ashtiani & Liaw (2022): rank,
   PPME covariance preconditioner, fine covariance, mean.
 
@@ -22,5 +23,5 @@ from .learners import ppe_gaussian, ppe_gmm
 __all__ = ["ppe_gmm", "ppe_gaussian", "ppme_gaussian"]
 
 register_learner("ppe-gmm", ppe_gmm)
-register_learner("ppe-gaussian", ppe_gaussian)
+register_learner("ppe-gaussian-oneshot", ppe_gaussian)
 register_learner("ppme-gaussian", ppme_gaussian)

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._threads import single_threaded_blas
 from .tlap import sample_tlap, tlap_bound
 
 __all__ = ["PopulousOutcome", "split_budget", "ppe", "ppme", "run_blocks"]
@@ -64,10 +65,11 @@ def run_blocks(X: np.ndarray, learner: Callable, t: int, rng: np.random.Generato
     perm = rng.permutation(N)
     seeds = np.random.SeedSequence(int(rng.integers(2**63))).spawn(t)
     out = []
-    for i in range(t):
-        out.append(learner(X[perm[i * s:(i + 1) * s]], seeds[i]))
-        if progress is not None:
-            progress(1)
+    with single_threaded_blas():  # many tiny fits: threaded BLAS only adds synchronisation
+        for i in range(t):
+            out.append(learner(X[perm[i * s:(i + 1) * s]], seeds[i]))
+            if progress is not None:
+                progress(1)
     return out
 
 

@@ -1,4 +1,4 @@
-"""The registered unlabelled-data learners ``ppe-gmm`` and ``ppe-gaussian``.
+"""The registered unlabelled-data learners ``ppe-gmm`` and ``ppe-gaussian-oneshot``.
 
 Both are (eps, delta)-DP under replacement of one record (``PPE.md``, section "Guarantee"),
 the FAIL outcomes included: a configuration FAIL depends only on public numbers (N, d, K, the
@@ -78,13 +78,13 @@ def ppe_gaussian(X: np.ndarray, n_components: int, *, epsilon: float, delta: flo
     """One unbounded Gaussian by one PPE call (K = 1; block mean and covariance)."""
     N, d = X.shape
     if n_components != 1:
-        raise ValueError("ppe-gaussian learns one Gaussian: n_components must be 1")
+        raise ValueError("ppe-gaussian-oneshot learns one Gaussian: n_components must be 1")
     cfg = configure_params(N, d, 1, epsilon, delta, t=blocks, alpha=alpha, beta=beta,
                            min_block=min_block_size if min_block_size is not None else d + 1)
     g = ppe_guarantee(epsilon, delta, "PPE over (mean, covariance) of one Gaussian",
                       f"one PPE call: TLap test ({cfg.epsilon:.4g}, {cfg.delta:.3g}) and "
                       f"(R_MEAN, R_COV) masking at radius {cfg.gamma:.3g}")
     if not cfg.feasible:
-        return _config_fail("ppe-gaussian", cfg, g)
+        return _config_fail("ppe-gaussian-oneshot", cfg, g)
     out = run_params_ppe(X, gaussian_block, cfg, rng, progress=progress)
-    return _finish("ppe-gaussian", cfg, out, g)
+    return _finish("ppe-gaussian-oneshot", cfg, out, g)

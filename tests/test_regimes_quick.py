@@ -1,0 +1,55 @@
+"""The quick modes of the learner studies, through the CLI: files, rows and their statuses."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from klrelease.cli import main
+
+
+def _rows(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_learners_regimes_quick(tmp_path):
+    assert main(["experiment", "learners-regimes", "--quick", "--out", str(tmp_path)]) == 0
+    folder = tmp_path / "learners_regimes"
+    rows = _rows(folder / "learners_regimes.csv")
+    info = json.loads((folder / "learners_regimes.json").read_text())
+    assert (folder / "learners_regimes.png").stat().st_size > 0
+    learners = {"kamath-pgme", "kamath-sa-lite", "afzali-style-sample-aggregate"}
+    unlabelled = [r for r in rows if r["kind"] == "unlabelled learner"]
+    assert {r["learner"] for r in unlabelled} == learners
+    assert len(unlabelled) == 3 * info["cells"]
+    for r in unlabelled:
+        assert r["status"] in ("ok", "FAIL")
+        assert (r["stage"] != "") == (r["status"] == "FAIL")  # a FAIL names its stage
+        assert (r["mean_error_sigma"] != "") == (r["status"] == "ok")
+    # a model released on the separated mixture is compared with the labelled mechanisms
+    if any(r["status"] == "ok" for r in unlabelled):
+        assert any(r["kind"] == "labelled mechanism" for r in rows)
+    assert info["command"] == "klrelease experiment learners-regimes --quick"
+    assert info["seeded"] is True and info["certified"] is False
+    assert {s["learner"] for s in info["summary"]} == learners
+
+
+def test_ppe_regimes_quick(tmp_path):
+    assert main(["experiment", "ppe-regimes", "--quick", "--out", str(tmp_path)]) == 0
+    folder = tmp_path / "ppe_regimes"
+    info = json.loads((folder / "ppe_regimes.json").read_text())
+    assert (folder / "ppe_regimes.png").stat().st_size > 0
+    assert info["quick"] is True and "UTILITY SIMULATION" in info["label"]
+    assert info["all_within_tolerance"] is True
+    for s in info["summary"]:
+        rates = s["pass_rate"]
+        assert rates[0] == 0.0 and rates[-1] == 1.0  # FAIL at 1e5, PASS at 1e12
+        ratio = s["observed_over_predicted"]
+        assert 0.1 <= ratio <= 10.0
+    sim = _rows(folder / "ppe_regimes.csv")
+    assert all(r["status"] == "PASS" or r["status"].startswith("FAIL") for r in sim)
+    real = _rows(folder / "ppe_regimes_real.csv")
+    assert [r["status"] for r in real] == ["FAIL"] * len(real)
+    assert {r["stage"] for r in real} <= {"configuration", "popularity test"}
+    assert all(r["reason"] for r in real)
