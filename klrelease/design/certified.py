@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.stats import chi2
 
+from ..linalg import vech
 from ..privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ..privacy.projections import project_simplex
 
@@ -99,14 +100,13 @@ def symmetric_gaussian(rng: np.random.Generator, sigma: np.ndarray, d: int) -> n
 
 
 def symmetric_gaussian_logpdf(E: np.ndarray, sigma: np.ndarray) -> np.ndarray:
-    """Log-density of :func:`symmetric_gaussian` at ``E`` (batched over leading axes)."""
+    """Log-density of :func:`symmetric_gaussian` at ``E`` (batched over leading axes), with
+    respect to Lebesgue measure on the entries ``E_ij``, ``i <= j``."""
     d = E.shape[-1]
     sigma = np.asarray(sigma, dtype=float)
-    iu = np.triu_indices(d, 1)
-    diag = np.diagonal(E, axis1=-2, axis2=-1)
-    off = E[..., iu[0], iu[1]]
-    quad = np.sum(diag**2, -1) / (2 * sigma**2) + np.sum(off**2, -1) / sigma**2
-    norm = d * 0.5 * np.log(2 * np.pi * sigma**2) + iu[0].size * 0.5 * np.log(np.pi * sigma**2)
+    n_off = d * (d - 1) // 2
+    quad = np.sum(vech(E, isometric=True) ** 2, -1) / (2 * sigma**2)
+    norm = d * 0.5 * np.log(2 * np.pi * sigma**2) + n_off * 0.5 * np.log(np.pi * sigma**2)
     return -quad - norm
 
 

@@ -48,6 +48,7 @@ from pydantic import Field, PositiveFloat
 
 from ..data import LabelledData
 from ..gmm import GMM
+from ..linalg import unvech, vech
 from ..neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ..privacy.projections import project_simplex, round_to_grid
 from ..sensitivity import covariance_trace_bound
@@ -95,22 +96,6 @@ class BaselineOptions(MechanismOptions):
 COMMON_OPTIONS: dict[str, Any] = BaselineOptions().as_dict()
 
 SUPPORTED_ADJACENCIES = (Adjacency.LABEL_FLIP, Adjacency.REPLACE_ONE)
-
-
-def vech(S: np.ndarray) -> np.ndarray:
-    """Upper triangle (diagonal included) of each matrix of ``S`` (shape (..., d, d))."""
-    d = S.shape[-1]
-    iu = np.triu_indices(d)
-    return S[..., iu[0], iu[1]]
-
-
-def unvech(v: np.ndarray, d: int) -> np.ndarray:
-    """The symmetric matrices whose upper triangles are the rows of ``v``."""
-    iu = np.triu_indices(d)
-    out = np.zeros(v.shape[:-1] + (d, d))
-    out[..., iu[0], iu[1]] = v
-    out[..., iu[1], iu[0]] = v
-    return out
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import warnings
 import numpy as np
 
 from ..._threads import blas_single_thread
+from ...linalg import unvech, vech
 from ...privacy.ledger import Ledger
 from ...privacy.toolbox import noisy_sum_count, stable_select, stable_select_threshold
 from ..kamath.common import fail, guarantee, structure_rng, structure_seed, success
@@ -57,20 +58,6 @@ def aal_ledger(epsilon: float, delta: float) -> tuple[Ledger, dict]:
 def theta_bound(k: int, d: int) -> float:
     """``B = sqrt(k (d/4 + 1/4 + 1) + 1)``: bound on the norm of a refinement vector."""
     return math.sqrt(k * (d / 4.0 + 0.25 + 1.0) + 1.0)
-
-
-def _vec_f(A: np.ndarray) -> np.ndarray:
-    iu = np.triu_indices(A.shape[0])
-    scale = np.where(iu[0] == iu[1], 1.0, math.sqrt(2.0))
-    return A[iu] * scale
-
-
-def _unvec_f(v: np.ndarray, d: int) -> np.ndarray:
-    iu = np.triu_indices(d)
-    scale = np.where(iu[0] == iu[1], 1.0, 1.0 / math.sqrt(2.0))
-    A = np.zeros((d, d))
-    A[iu] = v * scale
-    return A + np.triu(A, 1).T
 
 
 def _sym_fn(S: np.ndarray, fn) -> np.ndarray:
@@ -112,7 +99,7 @@ def encode_theta(gm: tuple, key, order, u, w_mu, w_l, L_F) -> np.ndarray:
         if fn > L_F:
             A = A * (L_F / fn)
         parts += [np.clip((mu - g_mu) / w_mu, -0.5, 0.5),
-                  [np.clip((ell - g_l) / w_l, -0.5, 0.5)], _vec_f(A) / L_F]
+                  [np.clip((ell - g_l) / w_l, -0.5, 0.5)], vech(A, isometric=True) / L_F]
     parts.append(np.clip(weights[list(order)], 0.0, 1.0))
     return np.concatenate([np.ravel(p) for p in parts])
 
@@ -127,7 +114,7 @@ def decode_theta(theta: np.ndarray, key, k: int, d: int, u, w_mu, w_l, L_F):
         cell = np.asarray(key[1][j], dtype=np.float64)
         mu = w_mu * (cell[:d] - u[:d] + 0.5) + w_mu * blk[:d]
         ell = w_l * (cell[d] - u[d] + 0.5) + w_l * blk[d]
-        A = L_F * _unvec_f(blk[d + 1:], d)
+        A = L_F * unvech(blk[d + 1:], d, isometric=True)
         A = A - np.trace(A) / d * np.eye(d)
         covs.append(math.exp(2.0 * ell) * _sym_fn(A, np.exp))
         means.append(mu)

@@ -1,0 +1,36 @@
+"""Half-vectorisation of symmetric matrices, the one used throughout the library.
+
+``vech(S)`` lists the upper triangle (diagonal included) of each matrix of ``S``. With
+``isometric=True`` the off-diagonal entries are scaled by sqrt(2), so that
+``||vech(S, isometric=True)||_2 = ||S||_F``: in those coordinates a symmetric Gaussian matrix
+with density proportional to ``exp(-||E||_F^2 / (2 sigma^2))`` is N(0, sigma^2 I).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["vech", "unvech"]
+
+
+def vech(S: np.ndarray, *, isometric: bool = False) -> np.ndarray:
+    """Upper triangle of each matrix of ``S`` (shape (..., d, d)) as a vector."""
+    S = np.asarray(S)
+    d = S.shape[-1]
+    iu = np.triu_indices(d)
+    v = S[..., iu[0], iu[1]]
+    if isometric:
+        v = v * np.where(iu[0] == iu[1], 1.0, np.sqrt(2.0))
+    return v
+
+
+def unvech(v: np.ndarray, d: int, *, isometric: bool = False) -> np.ndarray:
+    """The symmetric matrices whose (optionally isometric) half-vectorisations are ``v``."""
+    v = np.asarray(v, dtype=float)
+    iu = np.triu_indices(d)
+    if isometric:
+        v = v * np.where(iu[0] == iu[1], 1.0, 1.0 / np.sqrt(2.0))
+    out = np.zeros(v.shape[:-1] + (d, d))
+    out[..., iu[0], iu[1]] = v
+    out[..., iu[1], iu[0]] = v
+    return out
