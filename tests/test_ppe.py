@@ -458,3 +458,19 @@ def test_ppme_weighted_averages_of_neighbours_are_within_its_masking_radius():
                     checked += 1
                     assert dist(outs[0], outs[1]) <= 400 * (1.0 + dist.phi) / t
     assert checked >= 6
+
+
+def test_cli_release_writes_the_fail_artifact(tmp_path, capsys):
+    """A labelled FAIL is an output: the CLI writes its artifact and exits 3."""
+    import json
+
+    from klrelease.cli import main
+
+    out = tmp_path / "fail.json"
+    code = main(["release", "--dataset", "iris", "--epsilon", "1", "--delta", "1e-5",
+                 "--mechanism", "ppe-gaussian", "--option", "adjacency=replace-one",
+                 "--out", str(out)])
+    assert code == 3, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "FAIL" and doc["stage"] and "gmm" not in doc
+    assert doc["privacy"]["neighbouring"] == "replace-one"

@@ -12,6 +12,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
+from ..learners.result import MechanismFailed
 from .app import (
     _fail,
     _load_input,
@@ -111,8 +112,14 @@ def release(
             data = _parquet_on_dask(data, client)
             assert isinstance(data, DaskSource)
         with err_console.status(f"designing {mech.name} ..."):
-            rel = do_release(data, None, epsilon=eps, delta=dlt, mechanism=mech.name,
-                             seed=seed, bounds=bounds, norm_bound=norm_bound, **opts)
+            try:
+                rel = do_release(data, None, epsilon=eps, delta=dlt, mechanism=mech.name,
+                                 seed=seed, bounds=bounds, norm_bound=norm_bound, **opts)
+            except MechanismFailed as exc:  # a FAIL output of the mechanism: its artifact
+                with atomic_output(out) as fh:
+                    fh.write(exc.to_json())
+                err_console.print(f"wrote the FAIL artifact to {out}", highlight=False)
+                raise
     with atomic_output(out) as fh:
         fh.write(rel.to_json())
     err_console.print(f"wrote {out}: {rel.summary()}", highlight=False)
