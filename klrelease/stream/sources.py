@@ -57,8 +57,11 @@ def _labels(y, classes: tuple) -> np.ndarray:
     if len(classes) and isinstance(classes[0], str) and y.dtype.kind in "iufb":
         if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
             raise ValueError("y contains NaN or infinite labels; labels must be class identifiers")
-        y = y.astype(np.int64).astype(str) if y.dtype.kind == "f" and np.all(
-            y == np.round(y)) else y.astype(str)
+        if y.dtype.kind == "f":  # each label on its own: whole numbers read as integers
+            whole = y == np.round(y)
+            y = np.where(whole, np.round(y).astype(np.int64).astype(str), y.astype(str))
+        else:
+            y = y.astype(str)
     return _encode_labels(y, classes)[0]
 
 
