@@ -51,7 +51,7 @@ from ..mechanisms import get_mechanism
 from ..mechanisms import mechanisms as registered_mechanisms
 from ..release import plan as make_plan
 from .realdata import iris_standardised, italy_power, mnist_split, table1_synthetic
-from .run import _clean, _git_revision, _versions
+from .run import _clean, _git_revision, _versions, progress_bar
 from .settings import (
     BASELINES,
     EPSILON_GRID,
@@ -765,22 +765,8 @@ def run_real_experiment(name: str, *, quick: bool = False, trials: int | None = 
             return _run_marginals(ctx, mechs, advance, png_path)
         return _run_mlp(ctx, mechs, advance)
 
-    if progress:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        with Progress(TextColumn(f"[bold]{exp.name}[/]"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), TimeRemainingColumn()) as bar:
-            task = bar.add_task(exp.name, total=_units(exp, len(mechs)))
-            rows, extra = body(lambda: bar.advance(task))
-    else:
-        rows, extra = body(lambda: None)
+    with progress_bar(exp.name, _units(exp, len(mechs)), progress) as advance:
+        rows, extra = body(advance)
 
     ids = [m.id for m in mechs]
     summary: dict = {}

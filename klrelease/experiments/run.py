@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -131,6 +132,27 @@ def _merge(outcomes: list[TrialOutcome]):
     return rows, warns, guarantees, solvers
 
 
+@contextlib.contextmanager
+def progress_bar(title: str, total: int, enabled: bool = True):
+    """A rich progress bar over ``total`` units (or none); yields the function advancing it."""
+    if not enabled:
+        yield lambda *_: None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(TextColumn(f"[bold]{title}[/]"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn()) as bar:
+        task = bar.add_task(title, total=total)
+        yield lambda *_: bar.advance(task)
+
+
 def run_experiment(
     name: str,
     *,
@@ -167,24 +189,8 @@ def run_experiment(
     directory.mkdir(parents=True, exist_ok=True)
     started = datetime.now(UTC)
     t0 = time.perf_counter()
-    if progress:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        with Progress(TextColumn(f"[bold]{exp.name}[/] trials"), BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                      transient=False) as bar:
-            task = bar.add_task(exp.name, total=exp.trials)
-            outcomes = run_trials(exp, mechs, jobs=int(jobs),
-                                  on_done=lambda _o: bar.advance(task))
-    else:
-        outcomes = run_trials(exp, mechs, jobs=int(jobs))
+    with progress_bar(f"{exp.name} trials", exp.trials, progress) as advance:
+        outcomes = run_trials(exp, mechs, jobs=int(jobs), on_done=advance)
     rows, warns, guarantees, solvers = _merge(outcomes)
     mech_names = [m.id for m in mechs]
     summary = summarise(rows, mech_names, exp.values)

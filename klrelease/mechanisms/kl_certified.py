@@ -325,10 +325,7 @@ class KLCertifiedPlan(Plan):
         d = self.public.n_features
         S2 = self.rows.stats(_CentredClip(np.asarray(m1, dtype=float), self.public.radius),
                              d)[1]
-        W = np.zeros((d, d))
-        for k in range(S2.shape[0]):
-            W += S2[k]
-        return W
+        return S2.sum(axis=0)
 
     def _stage_c(self, design: dict) -> tuple[np.ndarray, np.ndarray]:
         pub, reg = self.public, design["regions"]
