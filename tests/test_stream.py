@@ -286,3 +286,12 @@ def test_cli_release_from_parquet_streams_and_on_dask(tmp_path, monkeypatch):
     assert a.feature_names == ["f0", "f1", "f2"]
     assert main([*base, "--parquet", "pq", "--mechanism", "gaussian-iid",
                  "--out", "c.json"]) == 2
+
+
+def test_streamed_labels_read_one_by_one_against_declared_text_classes():
+    """Whether one label is a whole number must not change how the others are read."""
+    from klrelease.stream.sources import _labels
+
+    classes = ("1", "0.5", "2")
+    np.testing.assert_array_equal(_labels(np.array([1.0, 2.0, 1.0]), classes), [0, 2, 0])
+    np.testing.assert_array_equal(_labels(np.array([1.0, 2.0, 0.5]), classes), [0, 2, 1])
