@@ -19,9 +19,8 @@ from klrelease.stream import (
     ParquetSource,
     chunk_moments,
     per_class,
-    stream_quantile,
 )
-from klrelease.stream.quantile import norm_edges
+from klrelease.stream.sample import RowSample, sample_rows
 
 CLASSES = [0, 1, 2]
 
@@ -108,31 +107,40 @@ def test_accuracy_at_large_n_with_a_common_offset():
     assert acc.counts.sum() == 1e8
 
 
-def test_exact_quantile_matches_numpy_and_histogram_is_close():
-    X, y = _data(n=20_001, seed=4)
-    src = ArraySource(X, y, classes=CLASSES, chunk_rows=1000)
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 400), size=st.integers(1, 120), n_cuts=st.integers(0, 6),
+       seed=st.integers(0, 10_000), dup=st.booleans())
+def test_row_sample_is_the_same_however_the_rows_are_read(n, size, n_cuts, seed, dup):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 3))
+    if dup:  # repeated rows (ties in priority) and signed zeros
+        X[: n // 2] = X[n - n // 2:][: n // 2]
+        X[0, 0] = -0.0
+    want = sample_rows(X, size)
+    assert want.shape[0] == min(n, size)
+    perm = rng.permutation(n)
+    cuts = np.unique(np.concatenate([[0, n], rng.integers(0, n + 1, n_cuts)]))
+    parts = [RowSample.of(X[perm][a:b], size) for a, b in zip(cuts[:-1], cuts[1:],
+                                                                strict=True)]
+    rng.shuffle(parts)
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = acc.merge(p)
+    got = acc.values()
+    if n <= size:  # every row
+        np.testing.assert_array_equal(np.sort(got, axis=0), np.sort(X, axis=0))
+    else:
+        np.testing.assert_array_equal(got, want)
 
-    def f(Z):
-        return np.einsum("ij,ij->i", Z, Z)
 
-    v = f(X)
-    for q in (0.1, 0.5, 0.9):
-        assert stream_quantile(src, f, q, len(v), norm_edges(3)) == np.quantile(v, q)
-        h = stream_quantile(src, f, q, len(v), norm_edges(3), "histogram")
-        assert np.quantile(v, q) <= h <= np.quantile(v, q) * 1.005
-
-
-def test_exact_quantile_refines_crowded_bins(monkeypatch):
-    from klrelease.stream import quantile as qm
-
-    monkeypatch.setattr(qm, "COLLECT_LIMIT", 50)
-    X, y = _data(n=5000, seed=5)
-    src = ArraySource(X, y, classes=CLASSES, chunk_rows=700)
-
-    def f(Z):
-        return Z[:, 0] ** 2
-
-    assert stream_quantile(src, f, 0.9, 5000, norm_edges(1)) == np.quantile(f(X), 0.9)
+def test_row_sample_is_spread_over_the_rows():
+    """Rows sorted by class: the sample still holds every part of the data in proportion."""
+    X, y = _data(n=40_000, seed=4)
+    order = np.argsort(y, kind="stable")
+    s = sample_rows(X[order], 2000)
+    idx = {tuple(r): i for i, r in enumerate(X[order])}
+    pos = np.array([idx[tuple(r)] for r in s]) / 40_000
+    assert abs(np.mean(pos) - 0.5) < 0.03 and np.quantile(pos, 0.05) < 0.1
 
 
 def _assert_same_release(a, b, rtol=1e-8):
@@ -141,9 +149,14 @@ def _assert_same_release(a, b, rtol=1e-8):
         np.testing.assert_allclose(B, A, rtol=rtol, atol=rtol * np.max(np.abs(A)))
 
 
-@pytest.mark.parametrize("adjacency,extra", [("label-flip", {}),
-                                             ("replace-one", {"norm_bound": 40.0})])
-def test_streamed_release_equals_in_memory(adjacency, extra):
+@pytest.mark.parametrize("adjacency,extra,sample", [("label-flip", {}, None),
+                                                    ("label-flip", {}, 300),
+                                                    ("replace-one", {"norm_bound": 40.0}, None)])
+def test_streamed_release_equals_in_memory(adjacency, extra, sample, monkeypatch):
+    """Same seed, same release; with ``sample=300`` the stage-A radius comes from a sample of
+    300 of the 4000 rows, which the streamed pass must pick exactly as in memory."""
+    if sample is not None:
+        monkeypatch.setattr("klrelease.stream.sample.SAMPLE_ROWS", sample)
     X, y = _data(n=4000, d=3, offset=20.0)
     kw = dict(epsilon=1.0, delta=1e-6, seed=11, classes=CLASSES, adjacency=adjacency, **extra)
     with warnings.catch_warnings():

@@ -209,8 +209,40 @@ class _StreamRows:
     def stats(self, fn, d: int) -> tuple[np.ndarray, np.ndarray]:
         from ..stream import per_class
 
-        m = self.source.moments(per_class(_InFrame(fn, self.frame, self.clip)))
+        if isinstance(fn, _RegionClip) and self.clip is None:
+            f = self.frame
+            fn = _FusedRegionClip(f.centre + fn.centres @ f.W_inv, f.W @ fn.W, fn.radius)
+        else:
+            fn = _InFrame(fn, self.frame, self.clip)
+        m = self.source.moments(per_class(fn))
         return m.sums, m.second_moments
+
+
+@dataclass(frozen=True)
+class _FrameClip:
+    """Stage A's map of raw rows: ``clip_R(to_frame(x))`` (the bound's clip first, if any)."""
+
+    frame: Frame
+    clip: object
+    radius: float
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        T = self.frame.to_frame(X)
+        return clip_ball(T if self.clip is None else self.clip(T), self.radius)
+
+
+@dataclass(frozen=True)
+class _FusedRegionClip:
+    """Stage C's map of raw rows without a bound's clip: ``clip_r((x - a_k) V_k)`` with
+    ``a_k = centre + c_k W^-1`` and ``V_k = W W_k``, i.e. ``clip_r((to_frame(x) - c_k) W_k)``
+    in one matrix product."""
+
+    offsets: np.ndarray
+    V: np.ndarray
+    radius: float
+
+    def __call__(self, X: np.ndarray, k: int) -> np.ndarray:
+        return clip_ball((X - self.offsets[k]) @ self.V[k], self.radius)
 
 
 @dataclass(frozen=True)
@@ -246,45 +278,33 @@ class _Clip:
         return clip_ball(T, self.radius)
 
 
-@dataclass(frozen=True)
-class _SqNorms:
-    frame: Frame
-    clip: object = None
-
-    def __call__(self, X: np.ndarray) -> np.ndarray:
-        T = self.frame.to_frame(X)
-        if self.clip is not None:
-            T = self.clip(T)
-        return np.einsum("ij,ij->i", T, T)
+def sample_radius(frame: Frame, sample: np.ndarray) -> float:
+    """Label flip: the stage-A radius, the ``radius_quantile`` of the frame norms of the row
+    sample (:mod:`klrelease.stream.sample`: every row when N <= 65536)."""
+    T = frame.to_frame(sample)
+    R = float(np.sqrt(np.quantile(np.einsum("ij,ij->i", T, T), SETTINGS["radius_quantile"])))
+    return R if np.isfinite(R) and R > 0 else 1.0  # every row at the centre: any radius will do
 
 
 def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_bound):
     """Passes over a chunked source for everything the plan needs before noise is drawn.
 
-    Returns ``(frame, rows, N, R, total_scatter, sums, counts, where, rule)``. Label flip:
-    pass 1, per-class moments of the raw rows (validates every row, counts N, and merges
-    into the features' mean and covariance: the frame); the radius R from the public row
-    norms (:func:`klrelease.stream.stream_quantile`); stage A. Replace-one: stage A only.
+    Returns ``(frame, rows, N, R, total_scatter, sums, counts, where)``. Label flip: pass 1
+    reads the features only: their count, mean and covariance (the frame) and the row sample
+    that gives the radius R; pass 2 is stage A, which validates every row and label before
+    any noise is drawn. Replace-one: stage A only.
     """
     from ..data import _check_bounds
-    from ..stream import stream_quantile
-    from ..stream.quantile import norm_edges
 
     d = source.n_features
     source.resolve_classes()
-    rule = getattr(source, "quantile_rule", "exact")
     if relation == Adjacency.LABEL_FLIP:
-        m0 = source.moments()
-        N, mean, M2 = m0.pooled()
-        N = int(round(N))
+        m0, sample = source.pooled_and_sample()
+        N, mean, M2 = int(round(m0.counts[0])), m0.means[0], m0.scatters[0]
         C = M2 / (N - 1) if N > 1 else np.zeros((d, d))
         frame = whitening_frame(mean, C)
         clip, where = None, "the public features (whitened)"
-        q = stream_quantile(source, _SqNorms(frame), SETTINGS["radius_quantile"], N,
-                            norm_edges(d), rule)
-        R = float(np.sqrt(q))
-        if not np.isfinite(R) or R <= 0:
-            R = 1.0
+        R = sample_radius(frame, sample)
         total_scatter = frame.W.T @ M2 @ frame.W
     else:
         if bounds_from_data:
@@ -296,12 +316,9 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
         frame, clip = bound_frame(d, box, B)
         where, total_scatter = "the public bound", None
         R = float(SETTINGS["box_radius"] * np.sqrt(d))
-    from ..stream import per_class
-
-    mA = source.moments(per_class(_InFrame(_Clip(R), frame, clip)))
-    counts = mA.counts
+    counts, sums = source.sums(_FrameClip(frame, clip, R))
     return (frame, _StreamRows(source, frame, clip), int(round(counts.sum())), R,
-            total_scatter, mA.sums, counts, where, rule)
+            total_scatter, sums, counts, where)
 
 
 @dataclass
@@ -446,22 +463,19 @@ class KLCertified(Mechanism):
         shares = SETTINGS[relation.value]
         extra = {}
         if isinstance(data, Source):  # streamed: passes over chunks, bounded memory
-            frame, rows, N, R, total_scatter, sums, counts, where, rule = stream_inputs(
+            frame, rows, N, R, total_scatter, sums, counts, where = stream_inputs(
                 data, relation, bool(opts["bounds_from_data"]), opts["norm_bound"])
             K, d, bound_ok, classes = len(data.classes), data.n_features, True, data.classes
             total_sums = sums.sum(axis=0) if lf else None
             extra = {"data": "streamed in chunks"}
-            if lf:
-                extra["radius_rule"] = rule
         else:
             frame, T, bound_ok, where = public_frame(
                 data, relation, bool(opts["bounds_from_data"]), opts["norm_bound"])
             N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
             if lf:
-                sq = np.einsum("ij,ij->i", T, T)
-                R = float(np.sqrt(np.quantile(sq, SETTINGS["radius_quantile"])))
-                if not np.isfinite(R) or R <= 0:
-                    R = 1.0  # every row at the centre: any public radius will do
+                from ..stream.sample import sample_rows
+
+                R = sample_radius(frame, sample_rows(data.X))
             else:
                 R = float(SETTINGS["box_radius"] * np.sqrt(d))
             order = np.argsort(data.codes, kind="stable")

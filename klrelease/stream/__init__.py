@@ -6,7 +6,8 @@
 * Sources read a labelled dataset in chunks: :class:`ArraySource` (arrays, memmaps),
   :class:`ParquetSource` and :class:`CSVSource` (pyarrow), :class:`DaskSource` (Dask arrays
   and dataframes, on a ``distributed`` cluster). Each runs passes ``Source.moments(f)``.
-* :func:`stream_quantile`: quantiles of a per-row value in a few bounded-memory passes.
+* :func:`sample_rows` / :class:`RowSample`: a fixed-size sample of rows chosen by their
+  values, the same however the rows are read (for public features).
 
 ``klrelease.release`` accepts a source (or a Dask collection) as ``X`` for mechanisms that
 need only these statistics (``kl-certified``).
@@ -14,8 +15,16 @@ need only these statistics (``kl-certified``).
 
 from __future__ import annotations
 
-from .moments import ClassMoments, RowMap, chunk_moments, class_order, per_class
-from .quantile import stream_quantile
+from .moments import (
+    ClassMoments,
+    RowMap,
+    chunk_moments,
+    class_order,
+    class_sums,
+    per_class,
+    pooled_moments,
+)
+from .sample import RowSample, sample_rows
 from .sources import (
     DEFAULT_CHUNK_ROWS,
     ArraySource,
@@ -31,9 +40,12 @@ __all__ = [
     "ClassMoments",
     "RowMap",
     "chunk_moments",
+    "class_sums",
+    "pooled_moments",
     "class_order",
     "per_class",
-    "stream_quantile",
+    "RowSample",
+    "sample_rows",
     "Source",
     "ArraySource",
     "ParquetSource",

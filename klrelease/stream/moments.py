@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ClassMoments", "chunk_moments", "class_order", "per_class", "RowMap"]
+__all__ = ["ClassMoments", "chunk_moments", "class_sums", "pooled_moments", "class_order",
+           "per_class", "RowMap"]
 
 #: A per-row map applied before accumulation: ``f(rows, codes) -> rows`` (same row count).
 RowMap = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -159,3 +160,21 @@ def chunk_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
         means[k] = m
         scat[k] = C.T @ C
     return ClassMoments(counts, means, scat)
+
+
+
+def class_sums(U: np.ndarray, codes: np.ndarray, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-class counts (K,) and sums (K, d) of the rows of ``U`` (no sort: one weighted
+    bincount per column). For bounded rows (clipped), where plain sums keep their accuracy."""
+    counts = np.bincount(codes, minlength=n_classes).astype(float)
+    sums = np.empty((n_classes, U.shape[1]))
+    for j in range(U.shape[1]):
+        sums[:, j] = np.bincount(codes, weights=U[:, j], minlength=n_classes)
+    return counts, sums
+
+
+def pooled_moments(rows: np.ndarray) -> ClassMoments:
+    """The count, mean and centred scatter of all ``rows`` as one class."""
+    m = rows.mean(axis=0) if rows.shape[0] else np.zeros(rows.shape[1])
+    C = rows - m
+    return ClassMoments(np.array([float(rows.shape[0])]), m[None, :], (C.T @ C)[None])

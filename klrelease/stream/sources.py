@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from ..data import _encode_labels
-from .moments import ClassMoments, RowMap, chunk_moments
+from .moments import ClassMoments, RowMap, chunk_moments, class_sums, pooled_moments
+from .sample import RowSample
 
 __all__ = [
     "Source",
@@ -89,9 +90,6 @@ class Source:
 
     n_features: int
     feature_names: tuple[str, ...]
-    #: How a quantile of a per-row public value is computed (``"exact"``: the in-memory
-    #: value, two passes; ``"histogram"``: a fixed-bin approximation, one pass). Public.
-    quantile_rule: str = "exact"
 
     def __init__(self, classes=None, bounds=None, norm_bound=None):
         self.classes_declared = classes is not None
@@ -141,40 +139,50 @@ class Source:
 
         return self.reduce(part, _merge_moments, None)
 
-    def histogram(self, f: Callable[[np.ndarray], np.ndarray], edges: np.ndarray) -> np.ndarray:
-        """One pass: counts of ``f(X)`` (one value per row) in the bins of ``edges``, with an
-        underflow and an overflow bin (length ``len(edges) + 1``)."""
+    def pooled_and_sample(self, size: int | None = None) -> tuple[ClassMoments, np.ndarray]:
+        """One pass over the features (labels are not read): the count, mean and centred
+        scatter of all rows (as one class), and the :mod:`~klrelease.stream.sample` of
+        ``size`` rows (default :data:`~klrelease.stream.sample.SAMPLE_ROWS`) chosen by their
+        values. For public features only (label flip)."""
         self.resolve_classes()
+        d = self.n_features
 
         def part(X, y):
-            v = f(_features(X))
-            return np.bincount(np.searchsorted(edges, v, side="right"),
-                               minlength=len(edges) + 1)
+            X = _features(X)
+            if X.shape[1] != d:
+                raise ValueError("every chunk must have the same number of feature columns")
+            return pooled_moments(X), RowSample.of(X, size)
 
-        return self.reduce(part, _add, 0)
+        m, s = self.reduce(part, _merge_pairs, None)
+        return m, s.values()
 
-    def values_in(self, f: Callable[[np.ndarray], np.ndarray], lo: float,
-                  hi: float) -> np.ndarray:
-        """One pass: the values ``f(X)`` in ``[lo, hi)``, sorted."""
-        self.resolve_classes()
+    def sums(self, g: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """One pass: per-class counts (K,) and sums (K, d') of ``g(X)``, a map of each row
+        that does not depend on its class. Validates every chunk like :meth:`moments`."""
+        classes = self.resolve_classes()
+        K, d = len(classes), self.n_features
 
         def part(X, y):
-            v = f(_features(X))
-            return v[(v >= lo) & (v < hi)]
+            X = _features(X)
+            if X.shape[1] != d:
+                raise ValueError("every chunk must have the same number of feature columns")
+            if len(y) != X.shape[0]:
+                raise ValueError("X and y must have the same number of rows")
+            return class_sums(np.asarray(g(X), dtype=np.float64), _labels(y, classes), K)
 
-        return np.sort(self.reduce(part, _concat, np.empty(0)))
+        return self.reduce(part, _add_pairs, None)
 
 
 def _merge_moments(a, b):
     return b if a is None else a.merge(b)
 
 
-def _add(a, b):
-    return a + b
+def _merge_pairs(a, b):
+    return b if a is None else (a[0].merge(b[0]), a[1].merge(b[1]))
 
 
-def _concat(a, b):
-    return np.concatenate([a, b])
+def _add_pairs(a, b):
+    return b if a is None else (a[0] + b[0], a[1] + b[1])
 
 
 def _present_labels(y) -> np.ndarray:
