@@ -30,7 +30,7 @@ def test_wheel_contents(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"klrelease", wheel.name.split("-py3")[0] + ".dist-info"}, tops
-    for doc in ("klrelease/mechanisms/kl_certified.md", "klrelease/audit/AUDIT.md"):
+    for doc in ("klrelease/mechanisms/kl_certified/kl_certified.md", "klrelease/audit/AUDIT.md"):
         assert doc in names
     for md in (ROOT / "klrelease" / "mechanisms").glob("*.md"):
         assert f"klrelease/mechanisms/{md.name}" in names
@@ -60,7 +60,7 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(wheel, tmp_path):
         "import importlib.metadata as md, klrelease, klrelease.solvers, warnings;"
         "files = [str(f) for f in md.distribution('klrelease').files];"
         "assert not any(f.startswith('solvers/') for f in files), files;"
-        "assert 'klrelease/mechanisms/kl_certified.md' in files;"
+        "assert 'klrelease/mechanisms/kl_certified/kl_certified.md' in files;"
         "print(klrelease.__file__); print(klrelease.solvers.__file__);"
         "rel = klrelease.release(klrelease.load_dataset('iris'), None, epsilon=1, delta=1e-5,"
         " mechanism='gaussian-iid'); print(rel.privacy.certified)"
