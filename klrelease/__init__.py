@@ -4,8 +4,8 @@ The pipeline, one module per step:
 
 1. :mod:`klrelease.statistics`  sufficient statistics (class counts, means, covariances);
 2. :mod:`klrelease.neighbours`  neighbouring datasets as constraints on the design;
-3. :mod:`klrelease.design`      the KL-minimising design (Wishart scale, mean-noise SDP,
-   weight-mapping PMF, alternating loop);
+3. :mod:`klrelease.mechanisms.kl_paper`  the paper's KL-minimising design (Wishart scale,
+   mean-noise SDP, weight-mapping PMF, alternating loop);
 4. :mod:`klrelease.sampling`    the noise laws that draw the released GMM.
 
 Mechanisms (:mod:`klrelease.mechanisms`) combine these; :func:`release` runs one and returns a

@@ -96,7 +96,7 @@ def test_wishart_noise_density_against_scipy():
 
 
 def test_laplace_and_discrete_laplace_densities_against_scipy():
-    from klrelease.mechanisms._iid import BlockNoise
+    from klrelease.mechanisms.baselines.common import BlockNoise
     from klrelease.privacy.discrete import DiscreteLaplace
 
     z = np.linspace(-3, 3, 7)

@@ -9,8 +9,8 @@ import pytest
 import klrelease
 from klrelease.gmm import GMM
 from klrelease.mechanisms import get_mechanism
-from klrelease.mechanisms.colored_gaussian import public_mean_noise_cov
-from klrelease.mechanisms.gaussian_iid import joint_gaussian_sigmas, joint_sensitivity
+from klrelease.mechanisms.baselines.colored_gaussian import public_mean_noise_cov
+from klrelease.mechanisms.baselines.gaussian_iid import joint_gaussian_sigmas, joint_sensitivity
 from klrelease.privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from klrelease.warnings_ import PrivacyLeakWarning
 
@@ -111,8 +111,8 @@ def test_joint_calibration_is_exact():
 
 def test_gaussian_iid_plan_meets_delta_exactly(synthetic):
     X, y = synthetic
-    from klrelease.mechanisms._iid import resolve_common
-    from klrelease.mechanisms.gaussian_iid import block_sensitivities
+    from klrelease.mechanisms.baselines.common import resolve_common
+    from klrelease.mechanisms.baselines.gaussian_iid import block_sensitivities
 
     p = _plan(X, y, "gaussian-iid", {}, epsilon=2.0, delta=1e-6, bounds="features")
     mech = get_mechanism("gaussian-iid")
@@ -125,7 +125,7 @@ def test_gaussian_iid_plan_meets_delta_exactly(synthetic):
 
 def test_colored_public_design_matches_the_sdp_over_box_vertices(iris):
     from klrelease import solvers
-    from klrelease.mechanisms._iid import resolve_common
+    from klrelease.mechanisms.baselines.common import resolve_common
 
     mech = get_mechanism("colored-gaussian")
     common = resolve_common(iris, {**mech.options, "min_class_size": 10}, mech.name)
@@ -168,7 +168,7 @@ def test_r1smg_warns_every_time_and_needs_three_features(synthetic, iris):
 def test_r1smg_sigma_and_density(synthetic):
     from scipy.integrate import quad
 
-    from klrelease.mechanisms.r1smg import RankOneNoise, r1smg_sigma2
+    from klrelease.mechanisms.baselines.r1smg import RankOneNoise, r1smg_sigma2
 
     ref = {3: 4.935e10, 4: 4.000e5, 5: 7.630e3, 12: 26.47, 50: 3.537}
     for M, val in ref.items():
@@ -223,7 +223,7 @@ def test_gaussian_iid_dp_smoke_on_a_neighbouring_pair():
     sampled through the plans' exact log-densities. Its hockey-stick divergence must match the
     exact value of a Gaussian mechanism at the pair's actual whitened distance, which must be
     within the target delta; and the event {loss > eps} must obey the DP inequality."""
-    from klrelease.mechanisms._iid import vech
+    from klrelease.mechanisms.baselines.common import vech
 
     eps, delta, n_draws = 1.0, 0.05, 4000
     X, y, y2, bounds = _corner_pair()

@@ -4,14 +4,18 @@ import numpy as np
 import pytest
 
 import klrelease as kr
-from klrelease.design.objective import (
+from klrelease.mechanisms.kl_paper.objective import (
     g_values,
     log_num_compositions,
     multivariate_digamma,
     uniform_expected_g,
 )
-from klrelease.design.weight_mapping import WeightMapping, mapping_column, mapping_matrix
-from klrelease.design.wishart_scale import wishart_scale
+from klrelease.mechanisms.kl_paper.weight_mapping import (
+    WeightMapping,
+    mapping_column,
+    mapping_matrix,
+)
+from klrelease.mechanisms.kl_paper.wishart_scale import wishart_scale
 from klrelease.neighbours import class_neighbour_vectors
 from klrelease.statistics import class_statistics
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from scipy import stats
 
 import klrelease as kr
-from klrelease.design import certified as design
-from klrelease.design.certified import Budget, clip_ball, symmetric_gaussian
+from klrelease.mechanisms.kl_certified import design
+from klrelease.mechanisms.kl_certified.design import Budget, clip_ball, symmetric_gaussian
 from klrelease.warnings_ import PrivacyLeakWarning
 
 # ------------------------------------------------------------------------------- accounting
@@ -178,7 +178,7 @@ def test_post_processing_failure_falls_back_and_still_releases(iris, monkeypatch
 
     import importlib
 
-    module = importlib.import_module("klrelease.mechanisms.kl_certified")
+    module = importlib.import_module("klrelease.mechanisms.kl_certified.mechanism")
     monkeypatch.setattr(module, "estimate", broken)
     g = p.finalize(out)
     assert p.fallbacks == 1 and np.all(np.linalg.eigvalsh(g.covariances) > 0)

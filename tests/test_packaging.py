@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,9 +17,19 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # build from a copy without build artefacts: setuptools would reuse a stale build/lib
+    src = tmp_path_factory.mktemp("src") / "klrelease"
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", ".*_cache", ".hypothesis")
+
+    def ignore(folder, names):
+        top = {".git", "build", "dist", "experiments", "benchmarks"} if Path(folder) == ROOT \
+            else set()
+        return top.intersection(names) | set(skip(folder, names))
+
+    shutil.copytree(ROOT, src, symlinks=True, ignore=ignore)
     res = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
-         "--disable-pip-version-check", "-w", str(out), str(ROOT)],
+         "--disable-pip-version-check", "-w", str(out), str(src)],
         capture_output=True, text=True, timeout=300,
     )
     assert res.returncode == 0, res.stderr[-2000:]
@@ -30,7 +41,7 @@ def test_wheel_contents(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"klrelease", wheel.name.split("-py3")[0] + ".dist-info"}, tops
-    for doc in ("klrelease/mechanisms/kl_certified.md", "klrelease/audit/AUDIT.md"):
+    for doc in ("klrelease/mechanisms/kl_certified/kl_certified.md", "klrelease/audit/AUDIT.md"):
         assert doc in names
     for md in (ROOT / "klrelease" / "mechanisms").glob("*.md"):
         assert f"klrelease/mechanisms/{md.name}" in names
@@ -60,7 +71,7 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(wheel, tmp_path):
         "import importlib.metadata as md, klrelease, klrelease.solvers, warnings;"
         "files = [str(f) for f in md.distribution('klrelease').files];"
         "assert not any(f.startswith('solvers/') for f in files), files;"
-        "assert 'klrelease/mechanisms/kl_certified.md' in files;"
+        "assert 'klrelease/mechanisms/kl_certified/kl_certified.md' in files;"
         "print(klrelease.__file__); print(klrelease.solvers.__file__);"
         "rel = klrelease.release(klrelease.load_dataset('iris'), None, epsilon=1, delta=1e-5,"
         " mechanism='gaussian-iid'); print(rel.privacy.certified)"

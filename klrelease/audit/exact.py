@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..design.objective import log_num_compositions
-from ..design.weight_mapping import WeightMapping
 from ..mechanisms import Plan
+from ..mechanisms.kl_paper.objective import log_num_compositions
+from ..mechanisms.kl_paper.weight_mapping import WeightMapping
 
 __all__ = ["finite_weight_law", "exact_weights_delta"]
 

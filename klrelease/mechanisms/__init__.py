@@ -50,10 +50,11 @@ def get_mechanism(name: str) -> Mechanism:
         ) from None
 
 
-#: Built-in mechanism modules, in listing order; any other module of this package is
+#: Built-in mechanism modules, in listing order; any other module or package here is
 #: discovered after them, so a new mechanism is one module here and nothing else.
-BUILTIN_MODULES = ("kl_paper", "gaussian_iid", "laplace_iid", "colored_gaussian",
-                   "kl_certified", "r1smg")
+BUILTIN_MODULES = ("kl_paper.mechanism", "baselines.gaussian_iid", "baselines.laplace_iid",
+                   "baselines.colored_gaussian", "kl_certified.mechanism", "baselines.r1smg",
+                   "ppe_gaussian.mechanism")
 
 #: Entry-point group through which other distributions register mechanisms.
 ENTRY_POINT_GROUP = "klrelease.mechanisms"
@@ -82,8 +83,10 @@ def _discover() -> None:
     import pkgutil
     from importlib.metadata import entry_points
 
-    names = {m.name for m in pkgutil.iter_modules(__path__)
-             if not m.name.startswith("_") and m.name != "base"}
+    names = {m.name.removeprefix(f"{__name__}.")
+             for m in pkgutil.walk_packages(__path__, prefix=f"{__name__}.")
+             if not m.ispkg and not m.name.rsplit(".", 1)[-1].startswith("_")
+             and m.name != f"{__name__}.base"}
     order = [n for n in BUILTIN_MODULES if n in names] + sorted(names - set(BUILTIN_MODULES))
     for name in order:
         register_module(f"{__name__}.{name}")

@@ -1,5 +1,6 @@
-"""Step 3 of the pipeline: the KL-minimising design of the paper's mechanism (Algorithm 1).
+"""``kl-paper``: the paper's mechanism and its KL-minimising design (Algorithm 1).
 
+* :mod:`.mechanism`       the mechanism (its privacy claim is not certified; see there);
 * :mod:`.objective`       the design objective (12), the expected KL the paper minimises;
 * :mod:`.wishart_scale`   the closed-form Wishart scale (22);
 * :mod:`.mean_noise`      the mean-noise SDP (23), solved once per class (homogeneity);
@@ -8,5 +9,6 @@
 """
 
 from .alternating import PaperDesign, design_kl_paper
+from .mechanism import KLPaper, KLPaperPlan
 
-__all__ = ["PaperDesign", "design_kl_paper"]
+__all__ = ["KLPaper", "KLPaperPlan", "PaperDesign", "design_kl_paper"]

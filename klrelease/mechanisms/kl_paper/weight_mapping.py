@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-from ..sampling import uniform_composition
+from ...sampling import uniform_composition
 from .objective import log_num_compositions
 
 __all__ = ["mapping_column", "mapping_matrix", "WeightMapping"]

@@ -33,19 +33,19 @@ from typing import Annotated
 import numpy as np
 from pydantic import Field
 
-from ..data import LabelledData
-from ..gmm import GMM
-from ..learners.ppe.learners import NEIGHBOURING
-from ..learners.ppe.params import (
+from ...data import LabelledData
+from ...gmm import GMM
+from ...learners.ppe.learners import NEIGHBOURING
+from ...learners.ppe.params import (
     ParamsConfig,
     configure_params,
     fail_reason,
     labelled_block,
     run_params_ppe,
 )
-from ..learners.result import MechanismFailed
-from ..neighbours import Adjacency
-from .base import Float, Guarantee, Int, Mechanism, MechanismOptions, Plan, check_options
+from ...learners.result import MechanismFailed
+from ...neighbours import Adjacency
+from ..base import Float, Guarantee, Int, Mechanism, MechanismOptions, Plan, check_options
 
 
 class PPEGaussianOptions(MechanismOptions):
@@ -120,9 +120,9 @@ class PPEGaussian(Mechanism):
             statement=(f"({epsilon:g}, {delta:g})-differentially private under replacement of "
                        "one record (features and label; N and the set of classes public), "
                        "FAIL outcomes included, for every dataset (no bounds or clipping)."),
-            reasons=("Proof in klrelease/mechanisms/ppe_gaussian.md (PPE theorem of Arbas, "
-                     "Ashtiani & Liaw 2023 with an exactly solved masking radius). Each draw is "
-                     "a fresh run and spends the budget again.",),
+            reasons=("Proof in klrelease/mechanisms/ppe_gaussian/ppe_gaussian.md "
+                     "(PPE theorem of Arbas, Ashtiani & Liaw 2023 with an exactly solved "
+                     "masking radius). Each draw is a fresh run and spends the budget again.",),
             accounting=(f"one PPE call: TLap test ({cfg.epsilon:.4g}, {cfg.delta:.3g}) and the "
                         f"product mask over {K} classes ({cfg.epsilon:.4g}, {cfg.delta:.3g}) at "
                         f"radius {cfg.gamma:.3g} ({cfg.calibration.composition} composition)"),

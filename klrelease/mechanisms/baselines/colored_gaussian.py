@@ -56,13 +56,14 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from ..data import LabelledData
-from ..design.mean_noise import SolverReport
-from ..neighbours import Adjacency, class_neighbour_vectors
-from ..privacy.calibration import gaussian_max_sensitivity
-from ..privacy.guarantee import GaussianCurve
-from ..sampling import GaussianNoise
-from ._iid import (
+from ...data import LabelledData
+from ...neighbours import Adjacency, class_neighbour_vectors
+from ...privacy.calibration import gaussian_max_sensitivity
+from ...privacy.guarantee import GaussianCurve
+from ...sampling import GaussianNoise
+from ..base import Guarantee, Mechanism
+from ..kl_paper.mean_noise import SolverReport
+from .common import (
     SUPPORTED_ADJACENCIES,
     BaselineOptions,
     BlockNoise,
@@ -71,7 +72,6 @@ from ._iid import (
     public_common,
     resolve_common,
 )
-from .base import Guarantee, Mechanism
 from .gaussian_iid import block_sensitivities, certified_statement
 
 __all__ = ["ColoredGaussian", "ColoredMeanNoise", "public_mean_noise_cov", "DESIGNS"]
@@ -127,7 +127,7 @@ def public_mean_noise_cov(common: Common, level: float) -> np.ndarray:
 
 
 def _data_mean_noise(common: Common, codes: np.ndarray, level: float, solver: str):
-    from .. import solvers
+    from ... import solvers
 
     stats = common.stats
     covs, results = [], []

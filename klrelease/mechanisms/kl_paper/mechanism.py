@@ -6,7 +6,7 @@ Mechanism (paper (5), (6), (15)): on dataset D with class statistics (pi, mu_k, 
     Sigma~_k = Sigma_k + W_k,  W_k ~ Wishart_d(I / gamma_k, d + 1)
     pi~      ~ f(. | pi) = (1 - lambda) f'(. | pi) + lambda / |S|
 
-with Gamma_k, gamma_k, f' chosen by Algorithm 1 (:mod:`klrelease.design`) to minimise the
+with Gamma_k, gamma_k, f' chosen by Algorithm 1 (:mod:`.alternating`) to minimise the
 design objective (12).
 
 Privacy map claimed by the paper (Theorem 1, label-flip adjacency):
@@ -42,13 +42,13 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
-from ..data import LabelledData
-from ..design import PaperDesign, design_kl_paper
-from ..gmm import GMM
-from ..neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
-from ..sampling import GaussianNoise, WishartNoise
-from ..statistics import ClassStatistics, class_statistics, clip_to_norm
-from .base import Float, Guarantee, Int, Mechanism, MechanismOptions, Plan
+from ...data import LabelledData
+from ...gmm import GMM
+from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
+from ...sampling import GaussianNoise, WishartNoise
+from ...statistics import ClassStatistics, class_statistics, clip_to_norm
+from ..base import Float, Guarantee, Int, Mechanism, MechanismOptions, Plan
+from .alternating import PaperDesign, design_kl_paper
 
 __all__ = ["KLPaper", "KLPaperPlan", "SOLVER_NAMES", "NOT_CERTIFIED_REASONS"]
 

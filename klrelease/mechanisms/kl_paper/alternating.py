@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..neighbours import Adjacency, neighbour_counts
-from ..statistics import ClassStatistics
+from ...neighbours import Adjacency, neighbour_counts
+from ...statistics import ClassStatistics
 from .mean_noise import SolverReport, unit_mean_noise
 from .objective import class_terms, design_objective, g_values, wishart_constant
 from .weight_mapping import WeightMapping, mapping_column

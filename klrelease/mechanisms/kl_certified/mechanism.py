@@ -1,7 +1,7 @@
 """``"kl-certified"``: the KL-minimising release with a proven (eps, delta) guarantee.
 
 The release is one Gaussian mechanism applied in three adaptive stages (design in
-:mod:`klrelease.design.certified`, proof in ``kl_certified.md`` next to this file):
+:mod:`.design`, proof in ``kl_certified.md`` next to this file):
 
 A. the class counts, and the class sums of the rows in a public frame clipped to a ball of
    public radius (rough class centres);
@@ -32,9 +32,14 @@ from typing import Annotated
 import numpy as np
 from pydantic import Field
 
-from .._threads import blas_single_thread
-from ..data import LabelledData
-from ..design.certified import (
+from ..._threads import blas_single_thread
+from ...data import LabelledData
+from ...gmm import GMM
+from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
+from ...privacy.guarantee import GaussianCurve
+from ...warnings_ import PrivacyLeakWarning
+from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan, check_options
+from .design import (
     SETTINGS,
     Budget,
     Frame,
@@ -47,11 +52,6 @@ from ..design.certified import (
     symmetric_gaussian,
     symmetric_gaussian_logpdf,
 )
-from ..gmm import GMM
-from ..neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
-from ..privacy.guarantee import GaussianCurve
-from ..warnings_ import PrivacyLeakWarning
-from .base import Float, Guarantee, Mechanism, MechanismOptions, Plan, check_options
 
 __all__ = ["KLCertified", "KLCertifiedPlan", "public_frame"]
 
@@ -207,7 +207,7 @@ class _StreamRows:
         self.source, self.frame, self.clip = source, frame, clip
 
     def stats(self, fn, d: int) -> tuple[np.ndarray, np.ndarray]:
-        from ..stream import per_class
+        from ...stream import per_class
 
         if isinstance(fn, _RegionClip) and self.clip is None:
             f = self.frame
@@ -294,7 +294,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     that gives the radius R; pass 2 is stage A, which validates every row and label before
     any noise is drawn. Replace-one: stage A only.
     """
-    from ..data import _check_bounds
+    from ...data import _check_bounds
 
     d = source.n_features
     source.resolve_classes()
@@ -359,7 +359,7 @@ class KLCertifiedPlan(Plan):
             "sums": self.sums + rng.standard_normal((K, d)) * pub.sums_sd,
         }
         if not pub.label_flip:
-            from ..design.certified import centres
+            from .design import centres
 
             m1 = centres(pub, out["counts"], out["sums"])[1]
             out["scatter"] = self._stage_b(m1) + symmetric_gaussian(
@@ -382,7 +382,7 @@ class KLCertifiedPlan(Plan):
         lm = gaussian_logpdf(sums - self.sums, pub.sums_sd)
         lc = 0.0
         if not pub.label_flip:
-            from ..design.certified import centres
+            from .design import centres
 
             m1 = centres(pub, counts, sums)[1]
             E = np.asarray(output["scatter"], dtype=float) - self._stage_b(m1)
@@ -413,8 +413,8 @@ class KLCertifiedPlan(Plan):
 
 
 def _fallback_gmm(pub: PublicInputs, output: dict, classes) -> GMM:
-    from ..design.certified import centres
-    from ..privacy.projections import project_simplex
+    from ...privacy.projections import project_simplex
+    from .design import centres
 
     N, K, d = pub.n_samples, pub.n_classes, pub.n_features
     counts = np.nan_to_num(np.asarray(output["counts"], dtype=float))
@@ -457,7 +457,7 @@ class KLCertified(Mechanism):
                 f"unknown or unsupported adjacency {opts['adjacency']!r} for kl-certified; "
                 f"allowed: {', '.join(a.value for a in ADJACENCIES)}"
             )
-        from ..stream import Source
+        from ...stream import Source
 
         lf = relation == Adjacency.LABEL_FLIP
         shares = SETTINGS[relation.value]
@@ -473,7 +473,7 @@ class KLCertified(Mechanism):
                 data, relation, bool(opts["bounds_from_data"]), opts["norm_bound"])
             N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
             if lf:
-                from ..stream.sample import sample_rows
+                from ...stream.sample import sample_rows
 
                 R = sample_radius(frame, sample_rows(data.X))
             else:
@@ -512,7 +512,7 @@ class KLCertified(Mechanism):
             statement = (
                 f"({epsilon:g}, {delta:g})-differentially private for neighbouring datasets "
                 f"that {rel.split(';')[0].replace('datasets ', '')}; frame and clipping from "
-                f"{where}. Proven in klrelease/mechanisms/kl_certified.md."
+                f"{where}. Proven in klrelease/mechanisms/kl_certified/kl_certified.md."
             )
         else:
             statement = ("NOT differentially private as released: "

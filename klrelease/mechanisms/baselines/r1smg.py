@@ -40,10 +40,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammaln
 
-from ..data import LabelledData
-from ..sensitivity import mean_removal_bound
-from ..warnings_ import PrivacyLeakWarning
-from ._iid import (
+from ...data import LabelledData
+from ...sensitivity import mean_removal_bound
+from ...warnings_ import PrivacyLeakWarning
+from ..base import Guarantee, Mechanism
+from .common import (
     SUPPORTED_ADJACENCIES,
     BaselineOptions,
     BlockNoise,
@@ -51,7 +52,6 @@ from ._iid import (
     public_common,
     resolve_common,
 )
-from .base import Guarantee, Mechanism
 from .gaussian_iid import block_sensitivities, joint_gaussian_sigmas
 
 __all__ = ["R1SMG", "RankOneNoise", "r1smg_sigma2", "R1SMG_REASONS", "R1SMG_WARNING"]

@@ -4,7 +4,7 @@ Nothing in this module receives the labels, or under replace-one the features: e
 takes a :class:`PublicInputs` (epsilon, delta, the relation, N, K, d, the public frame and
 public constants) and values the mechanism has *already released* with noise. Whatever it
 computes is post-processing of public or released values and costs no privacy (proof:
-``mechanisms/kl_certified.md``).
+``kl_certified.md`` beside this module).
 
 The release has three stages, each a Gaussian mechanism whose whitened sensitivity is a public
 constant (:class:`Budget`):
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.stats import chi2
 
-from ..linalg import vech
-from ..privacy.calibration import gaussian_delta, gaussian_max_sensitivity
-from ..privacy.projections import project_simplex
+from ...linalg import vech
+from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
+from ...privacy.projections import project_simplex
 
 __all__ = [
     "Budget",

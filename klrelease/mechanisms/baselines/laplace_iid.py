@@ -47,10 +47,11 @@ from typing import Literal
 import dp_accounting
 from pydantic import Field
 
-from ..data import LabelledData
-from ..privacy.guarantee import PureCurve
-from ..sensitivity import wu_sensitivities
-from ._iid import (
+from ...data import LabelledData
+from ...privacy.guarantee import PureCurve
+from ...sensitivity import wu_sensitivities
+from ..base import Guarantee, Mechanism
+from .common import (
     SUPPORTED_ADJACENCIES,
     BaselineOptions,
     BlockNoise,
@@ -58,7 +59,6 @@ from ._iid import (
     public_common,
     resolve_common,
 )
-from .base import Guarantee, Mechanism
 from .gaussian_iid import block_sensitivities, certified_statement
 
 __all__ = ["LaplaceIID", "VARIANTS", "PAPER_REASONS"]

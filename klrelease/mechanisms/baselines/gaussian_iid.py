@@ -46,11 +46,12 @@ import math
 
 import numpy as np
 
-from ..data import LabelledData
-from ..privacy.calibration import gaussian_delta, gaussian_max_sensitivity
-from ..privacy.guarantee import GaussianCurve
-from ..sensitivity import covariances_sensitivity, means_sensitivity, weights_sensitivity
-from ._iid import (
+from ...data import LabelledData
+from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
+from ...privacy.guarantee import GaussianCurve
+from ...sensitivity import covariances_sensitivity, means_sensitivity, weights_sensitivity
+from ..base import Guarantee, Mechanism
+from .common import (
     SUPPORTED_ADJACENCIES,
     BaselineOptions,
     BlockNoise,
@@ -59,7 +60,6 @@ from ._iid import (
     public_common,
     resolve_common,
 )
-from .base import Guarantee, Mechanism
 
 __all__ = ["GaussianIID", "joint_gaussian_sigmas", "joint_sensitivity", "block_sensitivities"]
 

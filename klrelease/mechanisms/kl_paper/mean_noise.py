@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import solvers
-from ..neighbours import Adjacency, class_neighbour_vectors
-from ..statistics import ClassStatistics
+from ... import solvers
+from ...neighbours import Adjacency, class_neighbour_vectors
+from ...statistics import ClassStatistics
 
 __all__ = ["UnitMeanNoise", "SolverReport", "unit_mean_noise"]
 

@@ -46,14 +46,14 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field, PositiveFloat
 
-from ..data import LabelledData
-from ..gmm import GMM
-from ..linalg import unvech, vech
-from ..neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
-from ..privacy.projections import project_simplex, round_to_grid
-from ..sensitivity import covariance_trace_bound
-from ..statistics import ClassStatistics, class_statistics, clip_to_bounds, clip_to_norm
-from .base import Float, Int, MechanismOptions, Plan
+from ...data import LabelledData
+from ...gmm import GMM
+from ...linalg import unvech, vech
+from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
+from ...privacy.projections import project_simplex, round_to_grid
+from ...sensitivity import covariance_trace_bound
+from ...statistics import ClassStatistics, class_statistics, clip_to_bounds, clip_to_norm
+from ..base import Float, Int, MechanismOptions, Plan
 
 __all__ = [
     "BaselineOptions",

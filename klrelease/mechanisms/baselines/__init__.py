@@ -1,0 +1,17 @@
+"""The baseline mechanisms: noise on weights, means and covariances, then a projection.
+
+* :mod:`.common`            what they share (public domain, options, block noise, the plan);
+* :mod:`.gaussian_iid`      ``gaussian-iid``: i.i.d. Gaussian noise (certified);
+* :mod:`.laplace_iid`       ``laplace-iid``: i.i.d. Laplace noise (certified under label flip);
+* :mod:`.colored_gaussian`  ``colored-gaussian``: the paper's SDP-shaped mean noise;
+* :mod:`.r1smg`             ``r1smg``: rank-one singular multivariate Gaussian noise.
+
+Each module states its own privacy map.
+"""
+
+from .colored_gaussian import ColoredGaussian
+from .gaussian_iid import GaussianIID
+from .laplace_iid import LaplaceIID
+from .r1smg import R1SMG
+
+__all__ = ["ColoredGaussian", "GaussianIID", "LaplaceIID", "R1SMG"]
