@@ -1,14 +1,15 @@
-"""Streamed kl-certified releases against the cost of reading the data once.
+"""Streamed releases against the cost of reading the data once.
 
 For every N (d = 10, K = 10), Parquet files are generated once under ``--cache`` (not part of
 the repository). Each row of the table runs in a fresh process (so that its peak memory is its
 own) and measures, in the same run: the floor (one pass reading every file and accumulating
-the per-class counts, means and centred scatters), the kl-certified release (label flip,
-seeded: a benchmark) from the same files, their ratio, and the peak resident memory. Paths:
-``embedded`` (``ParquetSource``, chunks of 2^18 rows, on the driver) and ``dask`` (the same
-files as a Dask dataframe on a ``distributed.LocalCluster`` of 2 workers, one thread each).
+the per-class counts, means and centred scatters), the kl-certified release and the kl-paper
+release (label flip, seeded: a benchmark) from the same files, their ratios to the floor, and
+the peak resident memory. Paths: ``embedded`` (``ParquetSource``, chunks of 2^18 rows, on the
+driver) and ``dask`` (the same files as a Dask dataframe on a ``distributed.LocalCluster`` of
+2 workers, one thread each).
 
-    nice -n 10 python benchmarks/bench_stream.py --n 1e6 1e7
+    nice -n 10 python benchmarks/bench_stream.py --n 1e6 1e7 1e8
 
 Prints a markdown table and writes it to ``benchmarks/stream.md``.
 """
@@ -59,8 +60,8 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def measure(folder: str, path: str) -> dict:
-    """One row: floor pass, release, peak memory (run in its own process)."""
+def measure(folder: str, path: str, mechanisms=("kl-certified", "kl-paper")) -> dict:
+    """One row: floor pass, releases, peak memory (run in its own process)."""
     import klrelease
     from klrelease.stream import DaskSource, ParquetSource
 
@@ -79,15 +80,18 @@ def measure(folder: str, path: str) -> dict:
     m = src.moments()
     floor = time.perf_counter() - t0
     assert int(m.counts.sum()) > 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        t0 = time.perf_counter()
-        klrelease.release(src, None, epsilon=1.0, delta=1e-6, seed=0)
-        rel = time.perf_counter() - t0
+    out = {"floor": floor}
+    for mech in mechanisms:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t0 = time.perf_counter()
+            klrelease.release(src, None, mechanism=mech, epsilon=1.0, delta=1e-6, seed=0)
+            out[mech] = time.perf_counter() - t0
     if client is not None:
         client.close()
         cluster.close()
-    return {"floor": floor, "release": rel, "peak_mb": _peak_mb()}
+    out["peak_mb"] = _peak_mb()
+    return out
 
 
 def main() -> None:
@@ -95,55 +99,73 @@ def main() -> None:
     ap.add_argument("--n", nargs="+", type=float, default=[1e6, 1e7])
     ap.add_argument("--paths", nargs="+", default=["embedded", "dask"])
     ap.add_argument("--cache", type=Path, default=Path("/tmp/klrelease-bench-stream"))
-    ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--mechanisms", nargs="+", default=["kl-certified", "kl-paper"])
+    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(measure(*args.worker)))
+        folder, path, mechs = args.worker
+        print(json.dumps(measure(folder, path, mechs.split(","))))
         return
+    mechs = [m for m in args.mechanisms if klrelease_streams(m)]
     lines = [
-        "# Streamed kl-certified releases (d = 10, K = 10, label flip, Parquet)",
+        "# Streamed releases (d = 10, K = 10, label flip, Parquet)",
         "",
-        "Produced by `nice -n 10 python benchmarks/bench_stream.py "
-        + " ".join(f"--n {n:g}" for n in args.n).replace(" --n", "", len(args.n) - 1)
+        "Produced by `nice -n 10 python benchmarks/bench_stream.py --n "
+        + " ".join(f"{n:g}" for n in args.n)
         + "` on a shared 2-core machine. floor = one pass reading every file and accumulating"
-        " per-class counts, means and centred scatters; release = the whole kl-certified"
-        " release from the same files (passes: moments, norm histogram, norm collection,"
-        " stage A, stage C); peak = peak resident memory of the process (files, interpreter"
-        " and, for dask, the in-process cluster).",
+        " per-class counts, means and centred scatters; then each release from the same files"
+        " in the same process (kl-certified: 3 passes, features with the row sample, stage A,"
+        " stage C); x = release / floor; peak = peak resident memory of the process (files,"
+        " interpreter and, for dask, the in-process cluster); dask / embedded = the dask"
+        " release time over the embedded one at the same N.",
         "",
-        "| N | path | floor (s) | release (s) | release / floor | peak memory (MB) |",
-        "|---|---|---|---|---|---|",
+        "| N | path | floor (s) | " + " | ".join(f"{m} (s) | x" for m in mechs)
+        + " | peak memory (MB) | dask / embedded |",
+        "|---|---|---|" + "---|---|" * len(mechs) + "---|---|",
     ]
     for n in args.n:
         folder = generate(int(n), args.cache)
+        embedded = {}
         for path in args.paths:
             env = {**os.environ, "PYTHONPATH": str(HERE.parent)}  # this checkout's package
-            out = subprocess.run([sys.executable, __file__, "--worker", str(folder), path],
+            out = subprocess.run([sys.executable, __file__, "--worker", str(folder), path,
+                                  ",".join(mechs)],
                                  capture_output=True, text=True, check=True, env=env)
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            line = (f"| {n:.0e} | {path} | {r['floor']:.2f} | {r['release']:.2f} | "
-                    f"{r['release'] / r['floor']:.1f} | {r['peak_mb']:.0f} |")
+            if path == "embedded":
+                embedded = r
+            cells = " | ".join(f"{r[m]:.2f} | {r[m] / r['floor']:.1f}" for m in mechs)
+            vs = " / ".join(f"{r[m] / embedded[m]:.2f}" for m in mechs) \
+                if path != "embedded" and embedded else ""
+            line = (f"| {n:.0e} | {path} | {r['floor']:.2f} | {cells} | {r['peak_mb']:.0f} | "
+                    f"{vs} |")
             print(line, flush=True)
             lines.append(line)
     lines += ["", MODEL]
     (HERE / "stream.md").write_text("\n".join(lines) + "\n")
 
 
+def klrelease_streams(name: str) -> bool:
+    from klrelease.mechanisms import get_mechanism
+
+    return bool(getattr(get_mechanism(name), "streams", False))
+
+
 MODEL = """## N = 1e10 on n workers (a model on paper)
 
-A release reads the data 5 times under label flip (moments, norm histogram, the values of one
-histogram bin, stage A, stage C; 4 with `quantile_rule = "histogram"`) and 3 times under
-replace-one (stage A, B, C). Each pass is embarrassingly parallel: a worker reads its
-partitions and returns, per partition, K x d x d + K x d + K numbers (1110 float64 at
-d = K = 10, about 9 kB; the histogram pass 8194 counts, the collection pass the values of one
-bin, at most 2^22 after refinement). With p partitions of 1e6 rows (p = 1e4), the driver
-receives about 90 MB per moments pass and merges them in O(p K d^2) = 1e7 flops: negligible.
-The driver sends each worker only the per-row map (frame, released centres and shapes: K d^2
-numbers), never noise. Per worker, one pass costs (1e10 / n) rows x (read + accumulate);
-from the floor column above (about T_1 seconds per 1e7 rows on one core), a pass takes
-1e3 T_1 / n seconds, the release about 5e3 T_1 / n plus the driver's design (under a
-second). With T_1 = 2.4 s (measured above) and n = 100 workers: about 120 s per release,
-bounded by reading.
+A kl-certified release reads the data 3 times, under label flip (the features with the row
+sample, stage A, stage C) and under replace-one (stage A, B, C). Each pass is embarrassingly
+parallel: a worker reads its partitions and reduces each to K x d x d + K x d + K numbers
+(1110 float64 at d = K = 10, about 9 kB; in the first pass under label flip, d x d + d + 1
+numbers and the partition's row sample, at most 65536 rows, about 5 MB). Partial results are
+merged pairwise on the workers (a tree of depth log2 p for p partitions), so the driver
+receives one merged result per pass, whatever p. The driver sends the workers only the
+per-row map (frame, released centres and shapes: K d^2 numbers), never noise. Per worker, a
+pass costs (1e10 / n) rows x (read + accumulate) plus log2 p merges of 9 kB (the samples:
+5 MB each). From the floor column above (T_1 seconds per 1e7 rows on one core), a pass takes
+about 1e3 T_1 / n seconds and the release about 3e3 T_1 / n (x the release / floor ratio
+over 3) plus the driver's design (under a second). With T_1 = 2.4 s and n = 100 workers:
+about 75 s per release, bounded by reading.
 """
 
 

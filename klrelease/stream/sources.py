@@ -390,8 +390,9 @@ def _frame_part(fn, df, features, label_column):
 class DaskSource(Source):
     """A Dask array ``X`` with labels ``y`` (a Dask array or array), or a Dask dataframe with
     a label column. A pass runs ``fn`` on every partition on the cluster and merges the small
-    partial results (K x d x d numbers each) on the driver in partition order; the design and
-    the noise never leave the driver.
+    partial results (K x d x d numbers each) pairwise on the cluster, in a tree over the
+    partitions in order; the driver receives one result per pass. The design and the noise
+    never leave the driver.
 
     ``client`` is a :class:`distributed.Client` (default: Dask's current scheduler).
     """
@@ -446,14 +447,18 @@ class DaskSource(Source):
         import dask
 
         parts = self._parts(fn)
+        if not parts:
+            return initial
+        # merge pairwise on the workers (a tree): the driver receives one result per pass
+        task = dask.delayed(merge, pure=True)
+        while len(parts) > 1:
+            parts = [task(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
+                     for i in range(0, len(parts), 2)]
         if self.client is not None:
-            results = self.client.gather(self.client.compute(parts))
+            result = self.client.compute(parts[0]).result()
         else:
-            results = dask.compute(*parts)
-        acc = initial
-        for r in results:
-            acc = merge(acc, r)
-        return acc
+            (result,) = dask.compute(parts[0])
+        return merge(initial, result)
 
 
 def as_source(X, y=None, *, classes=None, bounds=None, norm_bound=None, client=None,
