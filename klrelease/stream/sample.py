@@ -1,12 +1,12 @@
 """A fixed-size sample of rows chosen by their values: the same rows however they are read.
 
-Each row gets a 64-bit priority, a hash of the bits of its float64 values (a multiply-add of
-every word, then splitmix64's finaliser); the sample is the ``size`` rows of lowest priority
-(all rows when there are at most ``size``). It depends on the multiset of rows only: not on
-their order, the chunking or the partitioning, so in-memory, streamed and Dask reads select
-the same values, and a sample of ``size`` rows is one bounded-memory pass (keep the lowest
-priorities of each chunk, merge). Rows with equal priority have equal values (up to a 2^-64
-collision), so ties do not change which values are kept.
+Each row gets a 64-bit priority, a hash of the bits of its float64 values (every word folded
+in by xor-multiply-shift, then splitmix64's finaliser); the sample is the ``size`` rows of
+lowest priority (all rows when there are at most ``size``). It depends on the multiset of
+rows only: not on their order, the chunking or the partitioning, so in-memory, streamed and
+Dask reads select the same values, and a sample of ``size`` rows is one bounded-memory pass
+(keep the lowest priorities of each chunk, merge). Rows with equal priority have equal
+values (up to a 2^-64 collision), so ties do not change which values are kept.
 
 It is a function of the features alone, for public features only (label flip): the rows it
 keeps are values of the data.
@@ -34,14 +34,16 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 
 def row_priorities(X: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each row's float64 values (``-0.0`` read as ``0.0``): a sum of the
-    words times fixed odd multipliers, then splitmix64's finaliser."""
+    """A 64-bit hash of each row's float64 values (``-0.0`` read as ``0.0``): each word
+    folded in by xor, a multiplication by a fixed odd constant and a shift, then splitmix64's
+    finaliser."""
     X = np.ascontiguousarray(X, dtype=np.float64) + 0.0  # -0.0 + 0.0 == +0.0
     words = X.view(np.uint64)
     with np.errstate(over="ignore"):
         h = np.full(X.shape[0], np.uint64(X.shape[1]), dtype=np.uint64)
         for j in range(X.shape[1]):
-            h += _mix(np.uint64(j + 1) * _GOLDEN) * (words[:, j] ^ (words[:, j] >> np.uint64(29)))
+            h = (h ^ words[:, j]) * _mix(np.uint64(j + 1) * _GOLDEN)
+            h ^= h >> np.uint64(29)
     return _mix(h)
 
 

@@ -156,9 +156,10 @@ class Source:
         m, s = self.reduce(part, _merge_pairs, None)
         return m, s.values()
 
-    def sums(self, g: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def sums(self, g: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, ...]:
         """One pass: per-class counts (K,) and sums (K, d') of ``g(X)``, a map of each row
-        that does not depend on its class. Validates every chunk like :meth:`moments`."""
+        that does not depend on its class, and the sum over all rows (d',) taken in row order,
+        so that it reads no label. Validates every chunk like :meth:`moments`."""
         classes = self.resolve_classes()
         K, d = len(classes), self.n_features
 
@@ -168,9 +169,10 @@ class Source:
                 raise ValueError("every chunk must have the same number of feature columns")
             if len(y) != X.shape[0]:
                 raise ValueError("X and y must have the same number of rows")
-            return class_sums(np.asarray(g(X), dtype=np.float64), _labels(y, classes), K)
+            U = np.asarray(g(X), dtype=np.float64)
+            return (*class_sums(U, _labels(y, classes), K), U.sum(axis=0))
 
-        return self.reduce(part, _add_pairs, None)
+        return self.reduce(part, _add_tuples, None)
 
 
 def _merge_moments(a, b):
@@ -181,8 +183,8 @@ def _merge_pairs(a, b):
     return b if a is None else (a[0].merge(b[0]), a[1].merge(b[1]))
 
 
-def _add_pairs(a, b):
-    return b if a is None else (a[0] + b[0], a[1] + b[1])
+def _add_tuples(a, b):
+    return b if a is None else tuple(u + v for u, v in zip(a, b, strict=True))
 
 
 def _present_labels(y) -> np.ndarray:

@@ -289,10 +289,10 @@ def sample_radius(frame: Frame, sample: np.ndarray) -> float:
 def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_bound):
     """Passes over a chunked source for everything the plan needs before noise is drawn.
 
-    Returns ``(frame, rows, N, R, total_scatter, sums, counts, where)``. Label flip: pass 1
-    reads the features only: their count, mean and covariance (the frame) and the row sample
-    that gives the radius R; pass 2 is stage A, which validates every row and label before
-    any noise is drawn. Replace-one: stage A only.
+    Returns ``(frame, rows, N, R, total_scatter, sums, counts, total_sums, where)``. Label
+    flip: pass 1 reads the features only: their count, mean and covariance (the frame) and
+    the row sample that gives the radius R; pass 2 is stage A, which validates every row and
+    label before any noise is drawn. Replace-one: stage A only.
     """
     from ...data import _check_bounds
 
@@ -316,9 +316,9 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
         frame, clip = bound_frame(d, box, B)
         where, total_scatter = "the public bound", None
         R = float(SETTINGS["box_radius"] * np.sqrt(d))
-    counts, sums = source.sums(_FrameClip(frame, clip, R))
+    counts, sums, total = source.sums(_FrameClip(frame, clip, R))
     return (frame, _StreamRows(source, frame, clip), int(round(counts.sum())), R,
-            total_scatter, sums, counts, where)
+            total_scatter, sums, counts, total, where)
 
 
 @dataclass
@@ -463,10 +463,10 @@ class KLCertified(Mechanism):
         shares = SETTINGS[relation.value]
         extra = {}
         if isinstance(data, Source):  # streamed: passes over chunks, bounded memory
-            frame, rows, N, R, total_scatter, sums, counts, where = stream_inputs(
+            frame, rows, N, R, total_scatter, sums, counts, total, where = stream_inputs(
                 data, relation, bool(opts["bounds_from_data"]), opts["norm_bound"])
             K, d, bound_ok, classes = len(data.classes), data.n_features, True, data.classes
-            total_sums = sums.sum(axis=0) if lf else None
+            total_sums = total if lf else None
             extra = {"data": "streamed in chunks"}
         else:
             frame, T, bound_ok, where = public_frame(
@@ -478,13 +478,19 @@ class KLCertified(Mechanism):
                 R = sample_radius(frame, sample_rows(data.X))
             else:
                 R = float(SETTINGS["box_radius"] * np.sqrt(d))
-            order = np.argsort(data.codes, kind="stable")
-            bounds = np.concatenate([[0], np.cumsum(np.bincount(data.codes, minlength=K))])
-            rows = _MemoryRows([T[order[bounds[k]:bounds[k + 1]]] for k in range(K)])
-            counts = np.diff(bounds).astype(float)
-            sums = rows.stats(_Clip(R), d)[0]
+            from ...stream.moments import class_order
+
+            # public totals from the rows in their own order: bit for bit the same function
+            # of the features whatever the labels (sorted rows would round by label)
+            A = clip_ball(T, R)
             total_scatter = T.T @ T if lf else None
-            total_sums = clip_ball(T, R).sum(axis=0) if lf else None
+            total_sums = A.sum(axis=0) if lf else None
+            order, bounds = class_order(data.codes, K)
+            blocks = [slice(bounds[k], bounds[k + 1]) for k in range(K)]
+            T, A = T[order], A[order]
+            rows = _MemoryRows([T[b] for b in blocks])
+            counts = np.diff(bounds).astype(float)
+            sums = np.stack([A[b].sum(axis=0) for b in blocks])
         pub = PublicInputs(
             relation=relation.value, n_samples=N, n_classes=K, n_features=d, frame=frame,
             budget=Budget.split(epsilon, delta, shares), radius=R,
