@@ -149,6 +149,9 @@ class ColoredGaussian(Mechanism):
     summary = ("colored Gaussian mean noise (Ravi et al. 2022): design 'data' (paper; not "
                "certified) or 'public' (certified)")
     Options = ColoredGaussianOptions
+    #: Reads a chunked source (:mod:`klrelease.stream`): it needs only per-class statistics of
+    #: the clipped rows.
+    streams = True
     relations = SUPPORTED_ADJACENCIES
     certified_relations = SUPPORTED_ADJACENCIES
 

@@ -123,6 +123,33 @@ class Source:
             raise ValueError("at least two classes are needed to release a mixture")
         return self.classes
 
+    @property
+    def n_classes(self) -> int:
+        """The number of classes (after :meth:`resolve_classes`)."""
+        return len(self.resolve_classes())
+
+    def feature_range(self) -> tuple[np.ndarray, np.ndarray]:
+        """One pass: the per-feature minimum and maximum of the rows (their bounding box).
+
+        Every chunk is validated as in :meth:`moments`.
+        """
+        classes = self.resolve_classes()
+        d = self.n_features
+
+        def part(X, y):
+            X = _features(X)
+            if X.shape[1] != d:
+                raise ValueError("every chunk must have the same number of feature columns")
+            _labels(y, classes)
+            if X.shape[0] == 0:
+                return None
+            return X.min(axis=0), X.max(axis=0)
+
+        out = self.reduce(part, _merge_range, None)
+        if out is None:
+            raise ValueError("the data has no rows")
+        return out
+
     def moments(self, f: RowMap | None = None) -> ClassMoments:
         """One pass: per-class count, mean and centred scatter of ``f(X, codes)`` (or of X).
 
@@ -167,6 +194,12 @@ class Source:
 
 def _merge_moments(a, b):
     return b if a is None else a.merge(b)
+
+
+def _merge_range(a, b):
+    if a is None or b is None:
+        return b if a is None else a
+    return np.minimum(a[0], b[0]), np.maximum(a[1], b[1])
 
 
 def _add(a, b):
