@@ -123,6 +123,23 @@ class Source:
             raise ValueError("at least two classes are needed to release a mixture")
         return self.classes
 
+    def scan(self, fn: Callable, merge: Callable, initial):
+        """One pass: ``fn(X, codes)`` on every chunk (validated, labels as class codes), the
+        results merged in chunk order. The interface of
+        :class:`klrelease.solvers.passes.MemoryRows`."""
+        classes = self.resolve_classes()
+        d = self.n_features
+
+        def part(X, y):  # shipped to workers: refers to no source object
+            X = _features(X)
+            if X.shape[1] != d:
+                raise ValueError("every chunk must have the same number of feature columns")
+            if len(y) != X.shape[0]:
+                raise ValueError("X and y must have the same number of rows")
+            return fn(X, _labels(y, classes))
+
+        return self.reduce(part, merge, initial)
+
     @property
     def n_classes(self) -> int:
         """The number of classes (after :meth:`resolve_classes`)."""
