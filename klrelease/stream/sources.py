@@ -365,7 +365,8 @@ class CSVSource(Source):
     """A CSV file with a header row, read in blocks with pyarrow's streaming reader.
 
     Features are read as float64 and labels as text (matched to the classes by value, so a
-    label never changes how the others are typed).
+    label never changes how the others are typed). Errors are worded as
+    :func:`klrelease.data.load_csv` words them (a file name and a rule, never a value).
     """
 
     def __init__(self, path, label_column: str, *, classes=None, bounds=None, norm_bound=None,
@@ -375,16 +376,19 @@ class CSVSource(Source):
         self.label_column, self.block_bytes, self.delimiter = label_column, block_bytes, delimiter
         header = None
         for p in self.paths:
-            with p.open(newline="") as fh:
-                first = next(_csv.reader(fh, delimiter=delimiter), None)
+            try:
+                with p.open(newline="") as fh:
+                    first = next(_csv.reader(fh, delimiter=delimiter), None)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"cannot read {p}: {exc.__class__.__name__}") from None
             if first is None:
                 raise ValueError(f"{p} is empty")
+            if label_column not in first:
+                raise ValueError(f"{p} has no column named {label_column!r}")
             if header is None:
                 header = first
             elif first != header:
                 raise ValueError("the CSV files do not all have the same header")
-        if label_column not in header:
-            raise ValueError(f"the CSV data has no column named {label_column!r}")
         self.feature_names = tuple(h for h in header if h != label_column)
         self.n_features = len(self.feature_names)
 
@@ -395,16 +399,24 @@ class CSVSource(Source):
         types = {n: pa.float64() for n in self.feature_names}
         types[self.label_column] = pa.string()
         for p in self.paths:
+            rows = 0
             try:
                 reader = pcsv.open_csv(
                     p, read_options=pcsv.ReadOptions(block_size=self.block_bytes),
                     parse_options=pcsv.ParseOptions(delimiter=self.delimiter),
                     convert_options=pcsv.ConvertOptions(column_types=types))
                 for batch in reader:
+                    rows += batch.num_rows
                     yield _batch_xy(batch, self.feature_names, self.label_column)
-            except pa.ArrowInvalid:
+            except pa.ArrowInvalid as exc:
+                # pyarrow's message quotes the offending row: only its kind is used
+                if "columns, got" in str(exc):
+                    raise ValueError(f"{p} has rows with a different number of fields than "
+                                     "its header") from None
                 raise ValueError(f"{p}: every column except {self.label_column!r} must be "
-                                 "numeric, and every row must have the header's fields") from None
+                                 "numeric") from None
+            if rows == 0:
+                raise ValueError(f"{p} has no data rows")
 
 
 # -------------------------------------------------------------------------------- dask
