@@ -247,15 +247,19 @@ class _Problem:
     def solve(self, x: np.ndarray, c: np.ndarray, *, tol: float, add_tol: float,
               deadline: float | None, max_iters: int | None) -> None:
         """The in-memory active set on the working rows and the pool ``(x, c)``."""
-        if self.x is not None:  # the working rows stay; new pool rows join them
+        initial = None
+        if self.x is not None:  # the working rows stay (and start the loop); the pool joins
             keep_x, keep_c = self.x[self.working], self.c[self.working]
             known = set(_row_keys(keep_x, keep_c))
             new = np.array([k not in known for k in _row_keys(x, c)], dtype=bool)
             x, c = np.concatenate([keep_x, x[new]]), np.concatenate([keep_c, c[new]])
+            initial = np.arange(keep_x.shape[0])
         U = self.canonical_rows(x, c)
         sq = np.einsum("ij,ij->i", U, U)
         keep = sq > 0
         x, c, U, sq = x[keep], c[keep], U[keep], sq[keep]
+        if initial is not None:  # positions of the kept working rows after the filter
+            initial = np.flatnonzero(keep[:initial.shape[0]])
         if self.scale is None:  # fixed once: the largest norm in the first pool
             self.scale = float(np.sqrt(sq.max()))
         U = U / self.scale
@@ -264,7 +268,7 @@ class _Problem:
         self.frame = whitened_frame(self.canon) if self.native else balanced_frame(self.canon)
         sol, working, _, rounds = solve_reduced(
             self.frame, self.backend, reduce="active-set", tol=tol, add_tol=add_tol,
-            deadline=deadline, max_iters=max_iters)
+            deadline=deadline, max_iters=max_iters, initial=initial)
         self.sol, self.working, self.x, self.c = sol, working, x, c
         self.rounds += rounds
         self.G = self.canon.to_G(self.frame.to_canonical(sol.H))

@@ -72,6 +72,7 @@ def unit_mean_noise(
     solver: str = "auto",
     reduce: str = "auto",
     transform=None,
+    passes: bool = True,
 ) -> UnitMeanNoise:
     """Solve (23) at c = 1 for every class (``solver``, ``reduce``: see
     :func:`solvers.mean_noise_sdp`).
@@ -82,6 +83,8 @@ def unit_mean_noise(
     all classes are found in passes over the rows (:mod:`klrelease.solvers.passes`), unless
     the problem is small enough for the hull or a direct solve (``"auto"``: as
     :func:`solvers.mean_noise_sdp` decides); a small streamed dataset is then read into memory.
+    ``passes=False`` solves class by class on the neighbour vectors formed in memory
+    (:func:`solvers.mean_noise_sdp`; arrays only), as a reference.
     """
     from ..solvers import passes as sdp_passes
     from ..solvers import reduction
@@ -98,7 +101,9 @@ def unit_mean_noise(
         n_rows <= reduction.DIRECT_MAX_ROWS
         or (d <= reduction.HULL_MAX_DIM and n_rows <= reduction.HULL_MAX_ROWS)))
     streamed = not isinstance(X, np.ndarray)
-    if not direct:
+    if not passes and streamed:
+        raise ValueError("passes=False needs the rows in memory")
+    if not direct and passes:
         counts = stats.counts.astype(float)
         scales = np.diag(1.0 / (counts - 1.0))
         if joiners:

@@ -8,8 +8,11 @@
   and dataframes, on a ``distributed`` cluster). Each runs passes ``Source.moments(f)``.
 * :func:`stream_quantile`: quantiles of a per-row value in a few bounded-memory passes.
 
-``klrelease.release`` accepts a source (or a Dask collection) as ``X`` for mechanisms that
-need only these statistics (``kl-certified``).
+``klrelease.release`` accepts a source (or a Dask collection) as ``X`` for the mechanisms that
+stream: those that need only these statistics (``kl-certified``, ``gaussian-iid``,
+``laplace-iid``, ``colored-gaussian``, ``r1smg``; each chunk clipped before accumulation) and
+``kl-paper``, whose neighbour constraints are then scored in passes over the chunks
+(:mod:`klrelease.solvers.passes`).
 """
 
 from __future__ import annotations
