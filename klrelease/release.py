@@ -32,6 +32,12 @@ def _bounds_option(bounds, options: dict):
     return bounds
 
 
+def _streaming_names() -> str:
+    from .mechanisms import mechanisms
+
+    return ", ".join(n for n in mechanisms() if getattr(get_mechanism(n), "streams", False))
+
+
 def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, options,
             client=None):
     """Validate everything, then design the mechanism: (validated data, plan, options).
@@ -58,8 +64,8 @@ def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, option
             if data is None:
                 raise ValueError("client= goes with a Dask collection or a data source as X")
         elif isinstance(X, Source):
-            raise ValueError(f"{mech.name} needs the data in memory; kl-certified reads a "
-                             "streamed source")
+            raise ValueError(f"{mech.name} needs the data in memory; {_streaming_names()} "
+                             "read a streamed source")
     if data is None:  # in memory (a Dask collection is materialised for other mechanisms)
         data = as_labelled_data(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound,
                                 min_class_size=mech.min_class_size)
@@ -115,8 +121,9 @@ def release(
     ----------
     X : array-like of shape (N, d), a :class:`klrelease.stream.Source` or a Dask collection
         Features (finite). A source (arrays or memmaps in chunks, Parquet or CSV files) or a
-        Dask array/dataframe is read in chunks, in bounded memory, by mechanisms that need
-        only per-class statistics (``kl-certified``); other mechanisms materialise a Dask
+        Dask array/dataframe is read in chunks, in bounded memory, by the mechanisms that
+        stream (``kl-certified``, ``kl-paper`` and the baselines ``gaussian-iid``,
+        ``laplace-iid``, ``colored-gaussian``, ``r1smg``); other mechanisms materialise a Dask
         collection in memory and refuse a source.
     y : array-like of shape (N,), a Dask array, or None
         Class labels (None when ``X`` is a source, which carries its labels). Mechanisms

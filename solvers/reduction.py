@@ -132,6 +132,7 @@ def solve_reduced(
     add_tol: float,
     deadline: float | None,
     max_iters: int | None = None,
+    initial: np.ndarray | None = None,
 ):
     """Solve the canonical problem with the requested reduction.
 
@@ -148,6 +149,9 @@ def solve_reduced(
         A row outside the working set with ``u^T H^{-1} u > 1 + add_tol`` is added.
     deadline : float or None
         ``time.perf_counter()`` value bounding the whole loop.
+    initial : ndarray of int, optional
+        Indices of a starting working set for the active set (e.g. the working set of an
+        earlier solve); used when its rows span ``R^r``.
 
     Returns
     -------
@@ -193,6 +197,8 @@ def solve_reduced(
             max_iters=max_iters,
         )
         working = sub[sub_working]
+    elif mode == "active-set" and initial is not None and _spans(U, initial):
+        working = np.unique(initial)
     else:
         working = initial_working_set(U, candidates, frame.sq_norms)
         if working.shape[0] >= candidates.shape[0] or not _spans(U, working):

@@ -241,7 +241,7 @@ def test_source_refused_by_in_memory_mechanisms():
     X, y = _data(n=500)
     with pytest.raises(ValueError, match="needs the data in memory"):
         klrelease.release(ArraySource(X, y, classes=CLASSES), None, epsilon=1.0, delta=1e-6,
-                          mechanism="gaussian-iid")
+                          mechanism="ppe-gaussian")
 
 
 def test_dask_local_cluster_release_equals_in_memory():
@@ -297,7 +297,7 @@ def test_cli_release_from_parquet_streams_and_on_dask(tmp_path, monkeypatch):
     _assert_same_release(ref, a, rtol=1e-6)
     _assert_same_release(ref, b, rtol=1e-6)
     assert a.feature_names == ["f0", "f1", "f2"]
-    assert main([*base, "--parquet", "pq", "--mechanism", "gaussian-iid",
+    assert main([*base, "--parquet", "pq", "--mechanism", "ppe-gaussian",
                  "--out", "c.json"]) == 2
 
 

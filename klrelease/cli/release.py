@@ -50,12 +50,13 @@ def release(
     epsilon: Annotated[float, typer.Option(help="privacy parameter epsilon (> 0)")],
     delta: Annotated[float, typer.Option(help="privacy parameter delta, in (0, 1)")],
     dataset: Annotated[str | None, typer.Option(help="a bundled dataset: iris")] = None,
-    csv: Annotated[Path | None, typer.Option(help="CSV file with a header row")] = None,
+    csv: Annotated[Path | None, typer.Option(
+        help="CSV file with a header row (read in blocks by the mechanisms that stream)")] = None,
     label_column: Annotated[str | None, typer.Option(help="label column of --csv")] = None,
     npz: Annotated[Path | None, typer.Option(help=".npz file with arrays X and y")] = None,
     parquet: Annotated[str | None, typer.Option(
         help="Parquet file(s): a path, a directory or a glob, read in chunks (bounded memory; "
-             "kl-certified)")] = None,
+             "the mechanisms that stream)")] = None,
     dask: Annotated[str | None, typer.Option(
         help="with --parquet: compute the statistics on a Dask cluster: --dask alone or "
              "--dask local (a local cluster of 2 workers) or --dask tcp://HOST:PORT (an "
@@ -97,11 +98,17 @@ def release(
         if label_column is None:
             _fail("--parquet needs --label-column NAME")
         if not getattr(mech, "streams", False):
-            _fail(f"--parquet streams the data; {mech.name} needs it in memory (use "
-                  "kl-certified)")
+            _fail(f"--parquet streams the data; {mech.name} needs it in memory (use a "
+                  "mechanism that streams, e.g. kl-certified)")
         from ..stream import ParquetSource
 
         data = ParquetSource(parquet, label_column, classes=classes)
+    elif csv is not None and getattr(mech, "streams", False) and dataset is None and npz is None:
+        if label_column is None:
+            _fail("--csv needs --label-column NAME")
+        from ..stream import CSVSource
+
+        data = CSVSource(csv, label_column, classes=classes)  # read in blocks by the release
     else:
         data = _load_input(dataset, csv, label_column, npz, classes)
     with warnings.catch_warnings(record=True) as caught, _dask_client(dask) as client:

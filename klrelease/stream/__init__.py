@@ -9,8 +9,11 @@
 * :func:`sample_rows` / :class:`RowSample`: a fixed-size sample of rows chosen by their
   values, the same however the rows are read (for public features).
 
-``klrelease.release`` accepts a source (or a Dask collection) as ``X`` for mechanisms that
-need only these statistics (``kl-certified``).
+``klrelease.release`` accepts a source (or a Dask collection) as ``X`` for the mechanisms that
+stream: those that need only these statistics (``kl-certified``, ``gaussian-iid``,
+``laplace-iid``, ``colored-gaussian``, ``r1smg``; each chunk clipped before accumulation) and
+``kl-paper``, whose neighbour constraints are then scored in passes over the chunks
+(:mod:`klrelease.solvers.passes`).
 """
 
 from __future__ import annotations

@@ -121,6 +121,50 @@ class Source:
             raise ValueError("at least two classes are needed to release a mixture")
         return self.classes
 
+    def scan(self, fn: Callable, merge: Callable, initial):
+        """One pass: ``fn(X, codes)`` on every chunk (validated, labels as class codes), the
+        results merged in chunk order. The interface of
+        :class:`klrelease.solvers.passes.MemoryRows`."""
+        classes = self.resolve_classes()
+        d = self.n_features
+
+        def part(X, y):  # shipped to workers: refers to no source object
+            X = _features(X)
+            if X.shape[1] != d:
+                raise ValueError("every chunk must have the same number of feature columns")
+            if len(y) != X.shape[0]:
+                raise ValueError("X and y must have the same number of rows")
+            return fn(X, _labels(y, classes))
+
+        return self.reduce(part, merge, initial)
+
+    @property
+    def n_classes(self) -> int:
+        """The number of classes (after :meth:`resolve_classes`)."""
+        return len(self.resolve_classes())
+
+    def feature_range(self) -> tuple[np.ndarray, np.ndarray]:
+        """One pass: the per-feature minimum and maximum of the rows (their bounding box).
+
+        Every chunk is validated as in :meth:`moments`.
+        """
+        classes = self.resolve_classes()
+        d = self.n_features
+
+        def part(X, y):
+            X = _features(X)
+            if X.shape[1] != d:
+                raise ValueError("every chunk must have the same number of feature columns")
+            _labels(y, classes)
+            if X.shape[0] == 0:
+                return None
+            return X.min(axis=0), X.max(axis=0)
+
+        out = self.reduce(part, _merge_range, None)
+        if out is None:
+            raise ValueError("the data has no rows")
+        return out
+
     def moments(self, f: RowMap | None = None) -> ClassMoments:
         """One pass: per-class count, mean and centred scatter of ``f(X, codes)`` (or of X).
 
@@ -181,6 +225,16 @@ def _merge_moments(a, b):
 
 def _merge_pairs(a, b):
     return b if a is None else (a[0].merge(b[0]), a[1].merge(b[1]))
+
+
+def _merge_range(a, b):
+    if a is None or b is None:
+        return b if a is None else a
+    return np.minimum(a[0], b[0]), np.maximum(a[1], b[1])
+
+
+def _add(a, b):
+    return a + b
 
 
 def _add_tuples(a, b):
@@ -325,7 +379,8 @@ class CSVSource(Source):
     """A CSV file with a header row, read in blocks with pyarrow's streaming reader.
 
     Features are read as float64 and labels as text (matched to the classes by value, so a
-    label never changes how the others are typed).
+    label never changes how the others are typed). Errors are worded as
+    :func:`klrelease.data.load_csv` words them (a file name and a rule, never a value).
     """
 
     def __init__(self, path, label_column: str, *, classes=None, bounds=None, norm_bound=None,
@@ -335,16 +390,19 @@ class CSVSource(Source):
         self.label_column, self.block_bytes, self.delimiter = label_column, block_bytes, delimiter
         header = None
         for p in self.paths:
-            with p.open(newline="") as fh:
-                first = next(_csv.reader(fh, delimiter=delimiter), None)
+            try:
+                with p.open(newline="") as fh:
+                    first = next(_csv.reader(fh, delimiter=delimiter), None)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"cannot read {p}: {exc.__class__.__name__}") from None
             if first is None:
                 raise ValueError(f"{p} is empty")
+            if label_column not in first:
+                raise ValueError(f"{p} has no column named {label_column!r}")
             if header is None:
                 header = first
             elif first != header:
                 raise ValueError("the CSV files do not all have the same header")
-        if label_column not in header:
-            raise ValueError(f"the CSV data has no column named {label_column!r}")
         self.feature_names = tuple(h for h in header if h != label_column)
         self.n_features = len(self.feature_names)
 
@@ -355,16 +413,24 @@ class CSVSource(Source):
         types = {n: pa.float64() for n in self.feature_names}
         types[self.label_column] = pa.string()
         for p in self.paths:
+            rows = 0
             try:
                 reader = pcsv.open_csv(
                     p, read_options=pcsv.ReadOptions(block_size=self.block_bytes),
                     parse_options=pcsv.ParseOptions(delimiter=self.delimiter),
                     convert_options=pcsv.ConvertOptions(column_types=types))
                 for batch in reader:
+                    rows += batch.num_rows
                     yield _batch_xy(batch, self.feature_names, self.label_column)
-            except pa.ArrowInvalid:
+            except pa.ArrowInvalid as exc:
+                # pyarrow's message quotes the offending row: only its kind is used
+                if "columns, got" in str(exc):
+                    raise ValueError(f"{p} has rows with a different number of fields than "
+                                     "its header") from None
                 raise ValueError(f"{p}: every column except {self.label_column!r} must be "
-                                 "numeric, and every row must have the header's fields") from None
+                                 "numeric") from None
+            if rows == 0:
+                raise ValueError(f"{p} has no data rows")
 
 
 # -------------------------------------------------------------------------------- dask

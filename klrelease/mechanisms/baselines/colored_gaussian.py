@@ -57,12 +57,11 @@ import numpy as np
 from pydantic import Field
 
 from ...data import LabelledData
-from ...neighbours import Adjacency, class_neighbour_vectors
+from ...neighbours import Adjacency
 from ...privacy.calibration import gaussian_max_sensitivity
 from ...privacy.guarantee import GaussianCurve
 from ...sampling import GaussianNoise
 from ..base import Guarantee, Mechanism
-from ..kl_paper.mean_noise import SolverReport
 from .common import (
     SUPPORTED_ADJACENCIES,
     BaselineOptions,
@@ -126,20 +125,27 @@ def public_mean_noise_cov(common: Common, level: float) -> np.ndarray:
     return (dom.spread("l2") / n) ** 2 / level * np.eye(dom.d)
 
 
-def _data_mean_noise(common: Common, codes: np.ndarray, level: float, solver: str):
-    from ... import solvers
+def _data_mean_noise(common: Common, data, level: float, solver: str):
+    """Per class, the minimum-trace ``C`` with ``v^T C^{-1} v <= 1`` for every label-flip change
+    ``v`` of its mean on this dataset, divided by ``level``.
+
+    The SDPs of all classes are solved together by :func:`klrelease.mechanisms.kl_paper.mean_noise.
+    unit_mean_noise` (weight ``I``): in passes over the clipped rows, in memory or from a
+    chunked source (each chunk clipped to the public domain); every result is checked against
+    every row.
+    """
+    from ..kl_paper.mean_noise import unit_mean_noise
 
     stats = common.stats
-    covs, results = [], []
-    for k in range(stats.n_classes):
-        V = class_neighbour_vectors(common.X, codes, k, stats.means[k], int(stats.counts[k]))
-        res = solvers.mean_noise_sdp(np.eye(stats.n_features), V, solver=solver)
-        # solver output is untrusted: re-check feasibility against every row
-        if res.status != "optimal" or solvers.max_violation(res.G, V) > 1e-6:
-            raise solvers.SolverFailed(res.solver, res.status, "result violates a constraint")
-        covs.append(np.array(res.G) / level)
-        results.append(res)
-    return covs, SolverReport.combine(results)
+    K, d = stats.n_classes, stats.n_features
+    eye = np.broadcast_to(np.eye(d), (K, d, d))
+    if common.X is None:  # a source: its chunks are clipped as they are read
+        unit = unit_mean_noise(data, None, stats, eye, Adjacency.LABEL_FLIP, solver=solver,
+                               transform=common.domain.clip)
+    else:
+        unit = unit_mean_noise(common.X, data.codes, stats, eye, Adjacency.LABEL_FLIP,
+                               solver=solver)
+    return [np.array(G) / level for G in unit.G1], unit.solver
 
 
 class ColoredGaussian(Mechanism):
@@ -149,6 +155,9 @@ class ColoredGaussian(Mechanism):
     summary = ("colored Gaussian mean noise (Ravi et al. 2022): design 'data' (paper; not "
                "certified) or 'public' (certified)")
     Options = ColoredGaussianOptions
+    #: Reads a chunked source (:mod:`klrelease.stream`): it needs only per-class statistics of
+    #: the clipped rows.
+    streams = True
     relations = SUPPORTED_ADJACENCIES
     certified_relations = SUPPORTED_ADJACENCIES
 
@@ -188,7 +197,7 @@ class ColoredGaussian(Mechanism):
                 curve=GaussianCurve(float(s_star)),
             )
         else:
-            covs, solver_report = _data_mean_noise(common, data.codes, budget_mu / 2.0,
+            covs, solver_report = _data_mean_noise(common, data, budget_mu / 2.0,
                                                    opts["solver"])
             guarantee = Guarantee(
                 epsilon=epsilon, delta=delta, neighbouring=common.adjacency.value,

@@ -29,6 +29,12 @@ the features (option ``bounds="features"``): neighbouring datasets then share ev
 so a box computed from X alone is the same on both and costs no privacy. Under a record-level
 relation the features are private and a box read from them is refused.
 
+Streamed data. A baseline needs only the per-class counts, means and covariances of the clipped
+rows, so it also reads a chunked source (:mod:`klrelease.stream`): every chunk is clipped to the
+public domain and then accumulated (one pass; with ``bounds="features"`` a first pass reads the
+features' bounding box). The statistics equal the in-memory ones up to rounding (the merges
+are exact in real arithmetic), so a seeded release is the same on both paths.
+
 Class sizes. The sensitivities of means and covariances depend on the class sizes, which are
 private under label flips. They use a public lower bound ``min_class_size`` on every class size
 (N_k >= n_min). The default is ``max(3, d + 1)``: every dataset the library accepts has at least
@@ -147,7 +153,15 @@ class PublicDomain:
 
 
 def resolve_domain(data: LabelledData, bounds: Any, adjacency: Adjacency, mechanism: str):
-    """Choose the public domain (see the module docstring) or explain what is missing."""
+    """Choose the public domain (see the module docstring) or explain what is missing.
+
+    ``data`` is a :class:`~klrelease.data.LabelledData` or a chunked
+    :class:`~klrelease.stream.Source` (its public bounds are validated here).
+    """
+    from ...stream import Source
+
+    if isinstance(data, Source):
+        data = _source_bounds(data)
     if bounds is not None and bounds != "features":
         raise ValueError(
             f"option bounds of {mechanism} must be None or 'features', got {bounds!r}; pass a "
@@ -160,9 +174,11 @@ def resolve_domain(data: LabelledData, bounds: Any, adjacency: Adjacency, mechan
                 f"label-flip adjacency (features public), not under {adjacency.value!r}: pass "
                 "a public box bounds=(lower, upper) or norm_bound=B"
             )
-        X = data.X
-        return PublicDomain("box", data.n_features, X.min(axis=0), X.max(axis=0),
-                            source="features")
+        if isinstance(data, _StreamedBounds):
+            lower, upper = data.source.feature_range()
+        else:
+            lower, upper = data.X.min(axis=0), data.X.max(axis=0)
+        return PublicDomain("box", data.n_features, lower, upper, source="features")
     if data.bounds is not None:
         lower, upper = data.bounds
         return PublicDomain("box", data.n_features, np.asarray(lower, float),
@@ -179,6 +195,59 @@ def resolve_domain(data: LabelledData, bounds: Any, adjacency: Adjacency, mechan
 
 
 @dataclass(frozen=True)
+class _StreamedBounds:
+    """The public bounds of a source, validated as :func:`klrelease.data.as_labelled_data`
+    validates those of arrays."""
+
+    source: Any
+    n_features: int
+    bounds: tuple | None
+    norm_bound: float | None
+
+
+def _source_bounds(source) -> _StreamedBounds:
+    from ...data import _check_bounds
+
+    d = source.n_features
+    nb = source.norm_bound
+    if nb is not None:
+        nb = float(nb)
+        if not np.isfinite(nb) or nb <= 0:
+            raise ValueError(f"norm_bound must be a finite number > 0, got {source.norm_bound!r}")
+    return _StreamedBounds(source, d, _check_bounds(source.bounds, d), nb)
+
+
+@dataclass(frozen=True)
+class _DomainClip:
+    """The per-chunk map of a streamed baseline: every row clipped to the public domain."""
+
+    domain: PublicDomain
+
+    def __call__(self, rows: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        return self.domain.clip(rows)
+
+
+def streamed_statistics(source, domain: PublicDomain | None) -> ClassStatistics:
+    """Per-class counts, means and unbiased covariances of the rows of a source, each row
+    clipped to ``domain`` before it is accumulated (one pass; ``None``: rows as read).
+
+    Every class must hold more than d rows (as for arrays: the class covariance must be
+    invertible); the refusal names no count.
+    """
+    m = source.moments(None if domain is None else _DomainClip(domain))
+    counts = np.rint(m.counts).astype(np.int64)
+    d = source.n_features
+    if np.any(counts < max(2, d + 1)):  # as klrelease.data._check_class_sizes words it
+        raise ValueError(
+            f"every class needs at least {max(2, d + 1)} rows (more than the {d} features, so "
+            "that its covariance is invertible); at least one class is smaller"
+        )
+    covs = m.scatters / (counts - 1.0)[:, None, None]
+    covs = 0.5 * (covs + covs.transpose(0, 2, 1))
+    return ClassStatistics(counts=counts, means=m.means, covariances=covs)
+
+
+@dataclass(frozen=True)
 class Common:
     """Resolved common options of a baseline on one dataset."""
 
@@ -190,12 +259,22 @@ class Common:
     cov_floor: float
     project: bool
     stats: ClassStatistics
-    X: np.ndarray  # clipped features
+    X: np.ndarray | None  # clipped features (None for a streamed source)
 
 
 def resolve_common(data: LabelledData, opts: dict, mechanism: str, *,
                    adjacencies=SUPPORTED_ADJACENCIES) -> Common:
-    """Validate the common options, clip the rows and compute the class statistics."""
+    """Validate the common options, clip the rows and compute the class statistics.
+
+    ``data`` is a :class:`~klrelease.data.LabelledData` or a chunked
+    :class:`~klrelease.stream.Source`: then every chunk is clipped to the public domain
+    before it is accumulated, and ``Common.X`` is ``None``.
+    """
+    from ...stream import Source
+
+    streamed = isinstance(data, Source)
+    if streamed:
+        data.resolve_classes()
     try:
         adjacency = Adjacency(opts["adjacency"])
     except ValueError:
@@ -214,14 +293,6 @@ def resolve_common(data: LabelledData, opts: dict, mechanism: str, *,
     if isinstance(n_min, bool) or not isinstance(n_min, (int, np.integer)) or n_min < 3:
         raise ValueError(f"min_class_size must be an integer >= 3, got {opts['min_class_size']!r}")
     n_min = int(n_min)
-    counts = np.bincount(data.codes, minlength=data.n_classes)
-    if np.any(counts < n_min):
-        raise ValueError(
-            f"the privacy guarantee of {mechanism} assumes every class holds at least "
-            f"min_class_size={n_min} rows, and this dataset has a smaller class; pass a "
-            "smaller public min_class_size (at least 3)"
-        )
-
     shares = opts["budget_shares"]
     if shares is None:
         shares = DEFAULT_SHARES
@@ -243,8 +314,19 @@ def resolve_common(data: LabelledData, opts: dict, mechanism: str, *,
         if not np.isfinite(floor) or floor <= 0:
             raise ValueError("covariance_floor must be a finite number > 0")
 
-    X = domain.clip(data.X)
-    stats = class_statistics(X, data.codes, data.n_classes)
+    if streamed:
+        stats = streamed_statistics(data, domain)
+        counts, X = stats.counts, None
+    else:
+        X = domain.clip(data.X)
+        stats = class_statistics(X, data.codes, data.n_classes)
+        counts = stats.counts
+    if np.any(counts < n_min):
+        raise ValueError(
+            f"the privacy guarantee of {mechanism} assumes every class holds at least "
+            f"min_class_size={n_min} rows, and this dataset has a smaller class; pass a "
+            "smaller public min_class_size (at least 3)"
+        )
     return Common(adjacency, domain, n_min, shares, bool(opts["grid_weights"]), floor,
                   bool(opts["project"]), stats, X)
 

@@ -119,6 +119,9 @@ class GaussianIID(Mechanism):
     name = "gaussian-iid"
     summary = "i.i.d. Gaussian noise on weights, means, covariances (exact calibration); certified"
     Options = BaselineOptions
+    #: Reads a chunked source (:mod:`klrelease.stream`): it needs only per-class statistics of
+    #: the clipped rows.
+    streams = True
     relations = SUPPORTED_ADJACENCIES
     certified_relations = SUPPORTED_ADJACENCIES
 

@@ -89,6 +89,9 @@ class LaplaceIID(Mechanism):
     summary = ("i.i.d. Laplace noise (Wu et al. 2016): variant 'paper' (not certified) or "
                "'label-flip' (certified pure DP)")
     Options = LaplaceIIDOptions
+    #: Reads a chunked source (:mod:`klrelease.stream`): it needs only per-class statistics of
+    #: the clipped rows.
+    streams = True
     relations = SUPPORTED_ADJACENCIES
     certified_relations = SUPPORTED_ADJACENCIES
 

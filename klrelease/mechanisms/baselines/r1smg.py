@@ -113,6 +113,9 @@ class R1SMG(Mechanism):
     name = "r1smg"
     summary = "rank-one Gaussian mean noise (Ji & Li 2024) as published; NOT private, warns"
     Options = BaselineOptions
+    #: Reads a chunked source (:mod:`klrelease.stream`): it needs only per-class statistics of
+    #: the clipped rows.
+    streams = True
     relations = SUPPORTED_ADJACENCIES
 
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> IIDPlan:

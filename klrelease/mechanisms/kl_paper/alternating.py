@@ -55,8 +55,8 @@ class PaperDesign:
 
 
 def design_kl_paper(
-    X: np.ndarray,
-    codes: np.ndarray,
+    X,
+    codes: np.ndarray | None,
     stats: ClassStatistics,
     *,
     epsilon: float,
@@ -68,8 +68,14 @@ def design_kl_paper(
     tol: float = 1e-3,
     solver: str = "auto",
     reduce: str = "auto",
+    transform=None,
 ) -> PaperDesign:
-    """Run Algorithm 1 on the statistics of one dataset."""
+    """Run Algorithm 1 on the statistics of one dataset.
+
+    ``X`` is an array of rows with class ``codes``, or a chunked source
+    (:mod:`klrelease.stream`; ``codes`` is ``None``, ``transform`` is applied to every chunk)
+    that the mean-noise SDP reads in passes (:func:`.mean_noise.unit_mean_noise`).
+    """
     K, d, N = stats.n_classes, stats.n_features, stats.n_samples
     counts = stats.counts.astype(float)
     sigma_inv = np.linalg.inv(stats.covariances)
@@ -77,7 +83,7 @@ def design_kl_paper(
     tr_sinv = np.einsum("kii->k", sigma_inv)
     unit = unit_mean_noise(
         X, codes, stats, sigma_inv, adjacency, norm_bound=norm_bound, solver=solver,
-        reduce=reduce,
+        reduce=reduce, transform=transform,
     )
     log_term = 2.0 * np.log(2.0 / delta)
     pi = stats.weights

@@ -62,8 +62,8 @@ class UnitMeanNoise:
 
 
 def unit_mean_noise(
-    X: np.ndarray,
-    codes: np.ndarray,
+    X,
+    codes: np.ndarray | None,
     stats: ClassStatistics,
     sigma_inv: np.ndarray,
     adjacency: Adjacency,
@@ -71,24 +71,100 @@ def unit_mean_noise(
     norm_bound: float | None = None,
     solver: str = "auto",
     reduce: str = "auto",
+    transform=None,
+    passes: bool = True,
 ) -> UnitMeanNoise:
     """Solve (23) at c = 1 for every class (``solver``, ``reduce``: see
-    :func:`solvers.mean_noise_sdp`)."""
+    :func:`solvers.mean_noise_sdp`).
+
+    ``X`` is an array of rows (with their class ``codes``) or a chunked source
+    (:mod:`klrelease.stream`; ``codes`` is ``None`` and ``transform``, e.g. clipping, is
+    applied to every chunk). With ``reduce`` ``"auto"`` or ``"active-set"`` the constraints of
+    all classes are found in passes over the rows (:mod:`klrelease.solvers.passes`), unless
+    the problem is small enough for the hull or a direct solve (``"auto"``: as
+    :func:`solvers.mean_noise_sdp` decides); a small streamed dataset is then read into memory.
+    ``passes=False`` solves class by class on the neighbour vectors formed in memory
+    (:func:`solvers.mean_noise_sdp`; arrays only), as a reference.
+    """
+    from ...solvers import passes as sdp_passes
+    from ...solvers import reduction
+    from ...solvers.backends import BACKENDS
+
     K, d = stats.n_classes, stats.n_features
+    if adjacency in (Adjacency.CHANGE_ONE_RECORD, Adjacency.ADD_ONE):
+        G1 = np.stack([(2.0 * norm_bound / stats.counts[k]) ** 2 * np.eye(d) for k in range(K)])
+        T = np.einsum("kij,kji->k", sigma_inv, G1)
+        return UnitMeanNoise(G1=G1, T=T, solver=None)
+    joiners = adjacency == Adjacency.LABEL_FLIP
+    n_rows = stats.n_samples
+    direct = reduce in ("none", "hull") or (reduce == "auto" and (
+        n_rows <= reduction.DIRECT_MAX_ROWS
+        or (d <= reduction.HULL_MAX_DIM and n_rows <= reduction.HULL_MAX_ROWS)))
+    streamed = not isinstance(X, np.ndarray)
+    if not passes and streamed:
+        raise ValueError("passes=False needs the rows in memory")
+    if not direct and passes:
+        counts = stats.counts.astype(float)
+        scales = np.diag(1.0 / (counts - 1.0))
+        if joiners:
+            scales = scales + (1.0 - np.eye(K)) / (counts + 1.0)[:, None]
+        rows = sdp_passes.AffineRows(stats.means, scales)
+        scatters = stats.covariances * (counts - 1.0)[:, None, None]
+        gram = sdp_passes.affine_gram(rows, counts, stats.means, scatters)
+        data = X if streamed else sdp_passes.MemoryRows(X, codes)
+        origin = stats.weights @ stats.means
+        names = [solver] if solver != "auto" else list(BACKENDS)
+        failures, flat = [], False
+        for name in names:
+            if solver == "auto" and name != "native" and not BACKENDS[name].is_available():
+                continue
+            try:
+                results = sdp_passes.solve_affine(
+                    sigma_inv, rows, gram, data, solver=name, origin=origin,
+                    transform=transform)
+            except solvers.SolverFailed as exc:
+                failures.append(str(exc))
+                continue
+            except np.linalg.LinAlgError:
+                flat = True  # the rows are too flat for passes: solved in memory below
+                break
+            G1 = np.stack([r.G for r in results])
+            T = np.einsum("kij,kji->k", sigma_inv, G1)
+            return UnitMeanNoise(G1=G1, T=T, solver=SolverReport.combine(results))
+        if not flat:
+            raise solvers.SolverFailed(solver, "all backends failed", " | ".join(failures))
+    if streamed:
+        if n_rows > reduction.HULL_MAX_ROWS:
+            raise ValueError(
+                f"reduce={reduce!r} needs the rows in memory; streamed data of this size is "
+                "solved with reduce='auto' or 'active-set'")
+        X, codes = X.scan(_Collect(transform), _concat_rows, None)
     G1 = np.empty((K, d, d))
     results = []
-    buffer = np.empty_like(X) if adjacency == Adjacency.LABEL_FLIP else None
+    buffer = np.empty_like(X) if joiners else None
     for k in range(K):
-        if adjacency in (Adjacency.CHANGE_ONE_RECORD, Adjacency.ADD_ONE):
-            r = 2.0 * norm_bound / stats.counts[k]
-            G1[k] = r**2 * np.eye(d)
-            continue
         V = class_neighbour_vectors(
             X, codes, k, stats.means[k], int(stats.counts[k]),
-            leavers=True, joiners=adjacency == Adjacency.LABEL_FLIP, out=buffer,
+            leavers=True, joiners=joiners, out=buffer,
         )
         res = solvers.mean_noise_sdp(sigma_inv[k], V, solver=solver, reduce=reduce)
         G1[k] = res.G
         results.append(res)
     T = np.einsum("kij,kji->k", sigma_inv, G1)
     return UnitMeanNoise(G1=G1, T=T, solver=SolverReport.combine(results))
+
+
+@dataclass(frozen=True)
+class _Collect:
+    """A pass that returns the (transformed) rows and codes of a chunk."""
+
+    transform: object = None
+
+    def __call__(self, X, codes):
+        return (X if self.transform is None else self.transform(X)), codes
+
+
+def _concat_rows(a, b):
+    if a is None:
+        return b
+    return np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]])

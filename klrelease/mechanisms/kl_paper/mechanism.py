@@ -36,6 +36,7 @@ certified mechanism.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -166,13 +167,21 @@ class KLPaper(Mechanism):
     relations = (Adjacency.LABEL_FLIP, Adjacency.CHANGE_ONE_RECORD, Adjacency.REMOVE_ONE,
                  Adjacency.ADD_ONE)
     uses_box = False
+    #: Reads a chunked source (:mod:`klrelease.stream`): one pass for the class statistics,
+    #: then passes scoring the neighbour constraints of every class at once.
+    streams = True
 
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> KLPaperPlan:
+        from ...stream import Source
+
         opts = options
         adjacency = Adjacency(opts["adjacency"])
         lam = float(opts["lam"])
-        X = data.X
+        streamed = isinstance(data, Source)
+        if streamed:
+            data.resolve_classes()
         B = opts["norm_bound"] if opts["norm_bound"] is not None else data.norm_bound
+        clip = None
         if adjacency != Adjacency.LABEL_FLIP:
             if B is None:
                 raise ValueError(
@@ -180,10 +189,22 @@ class KLPaper(Mechanism):
                     "pass norm_bound=B (rows are clipped to ||x|| <= B)"
                 )
             B = float(B)
-            X = clip_to_norm(X, B)
-        stats = class_statistics(X, data.codes, data.n_classes)
+            if not np.isfinite(B) or B <= 0:
+                raise ValueError(f"norm_bound must be a finite number > 0, got {B!r}")
+            clip = functools.partial(clip_to_norm, bound=B)
+        if streamed:  # one pass: statistics of the (clipped) rows; the rows stay in the source
+            from ..baselines.common import PublicDomain, streamed_statistics
+
+            dom = None if clip is None else PublicDomain("ball", data.n_features, radius=B)
+            stats = streamed_statistics(data, dom)
+            X, codes = data, None
+        else:
+            X, codes = data.X, data.codes
+            if clip is not None:
+                X, clip = clip(X), None
+            stats = class_statistics(X, codes, data.n_classes)
         design = design_kl_paper(
-            X, data.codes, stats, epsilon=epsilon, delta=delta, adjacency=adjacency,
+            X, codes, stats, transform=clip, epsilon=epsilon, delta=delta, adjacency=adjacency,
             norm_bound=B, lam=lam, max_iter=int(opts["max_iter"]), tol=float(opts["tol"]),
             solver=opts["solver"], reduce=opts["reduce"],
         )
@@ -211,6 +232,8 @@ class KLPaper(Mechanism):
         }
         if adjacency != Adjacency.LABEL_FLIP:
             public["norm_bound"] = B
+        if streamed:
+            public["data"] = "streamed in chunks"
         return KLPaperPlan(
             mechanism=self.name, guarantee=guarantee, classes=data.classes,
             public_options=public, solver=design.solver, stats=stats, design=design,

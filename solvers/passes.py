@@ -1,0 +1,381 @@
+"""Mean-noise SDPs whose rows are affine images of labelled rows, solved in passes over them.
+
+For ``J`` problems at once, problem ``j`` has the rows
+
+.. math:: v_n^{(j)} = s_{j, c_n} (x_n - m_j), \\qquad n = 1, \\dots, N,
+
+of labelled data ``(x_n, c_n)`` (``c_n`` a class code, ``s`` a ``J x K`` table of scales, ``m_j``
+a centre): the neighbour vectors of :mod:`klrelease.neighbours` are of this form (class ``k``'s
+members scaled by ``1/(N_k - 1)``, the other rows by ``1/(N_k + 1)`` or zero). Then the rows of
+every problem never need to be formed:
+
+* the Gram matrix ``sum_n v_n v_n^T`` follows from per-class counts, means and scatters
+  (:func:`affine_gram`), so the canonical frame (:mod:`.canonical`) is known before any pass;
+* scoring every row against the current solution (``v^T G^+ v``, the test of the active-set
+  loop of :mod:`.reduction`) is a pass over the data: one matrix product per block of rows
+  for all problems at once, keeping per problem only the largest score and the ``pool`` rows
+  of largest score. A pass runs over row blocks of arrays in memory (on a thread pool: numpy
+  releases the GIL) or over the chunks of a source (:mod:`klrelease.stream`), so memory is
+  bounded by the pools and working sets, never by ``N``.
+
+The loop, per problem: pass 1 ranks every row by ``u^T H_0^{-1} u`` for the data's own shape
+``H_0 = (sum_n u_n u_n^T)^{1/2}`` (a spanning guess: the rows most outside it are the likely
+vertices); the pool of the highest-ranked rows is solved in memory by the active-set loop of
+:func:`.reduction.solve_reduced`; every later pass scores all rows against that solution and
+either finds no row outside the working set above ``1 + add_tol`` (done: the largest score of
+that pass is the certificate ``max_n v_n^T G^+ v_n``, exactly as :func:`.problem.max_violation`
+computes it) or re-solves on the working set and the new pool. Problems that are done are no
+longer scored. Two or three passes are typical.
+
+Everything the loop decides depends on the scores of rows, not on their order, so arrays and
+sources of the same rows, in any chunking, reach the same working sets and the same answer
+(up to the rounding of the per-class sums).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._threads import single_threaded_blas
+from .backends import BACKENDS
+from .canonical import Canonical, balanced_frame, whitened_frame
+from .problem import FEASIBILITY_TOL, SDPResult, SolverFailed
+from .reduction import MAX_ROUNDS, solve_reduced
+
+__all__ = ["AffineRows", "MemoryRows", "affine_gram", "solve_affine", "POOL_ROWS"]
+
+#: Rows kept per problem and pass: the pool the in-memory active set is run on.
+POOL_ROWS = 1500
+#: Rows per block inside a pass (bounds the temporary ``block x (J d)`` scores).
+BLOCK_ROWS = 1 << 13
+#: Smallest Gram eigenvalue, relative to the largest, of a problem solved here (the rows must
+#: span the feature space; a flatter problem needs the rows in memory, :func:`mean_noise_sdp`).
+GRAM_RANK_TOL = 1e-10
+
+
+@dataclass(frozen=True)
+class AffineRows:
+    """Rows ``v = scales[j, c] (x - centres[j])`` of problem ``j`` for a row ``x`` of class ``c``.
+
+    Attributes
+    ----------
+    centres : ndarray of shape (J, d)
+    scales : ndarray of shape (J, K)
+        Zero for classes whose rows impose nothing on problem ``j``.
+    """
+
+    centres: np.ndarray
+    scales: np.ndarray
+
+
+def affine_gram(rows: AffineRows, counts: np.ndarray, means: np.ndarray,
+                scatters: np.ndarray) -> np.ndarray:
+    """``sum_n v_n v_n^T`` of every problem (J, d, d) from per-class counts (K,), means (K, d)
+    and centred scatters (K, d, d)."""
+    out = []
+    for c, s in zip(rows.centres, rows.scales, strict=True):
+        D = means - c
+        w = s**2
+        G = np.einsum("k,kij->ij", w, scatters) + (D * (w * counts)[:, None]).T @ D
+        out.append(0.5 * (G + G.T))
+    return np.stack(out)
+
+
+class MemoryRows:
+    """Labelled rows in memory, read in blocks of ``block_rows`` on ``threads`` threads.
+
+    Provides ``scan(fn, merge, initial)``: ``fn(X_block, codes_block)`` on every block,
+    results merged in block order (as a :class:`klrelease.stream.Source` does per chunk).
+    """
+
+    def __init__(self, X: np.ndarray, codes: np.ndarray, *, block_rows: int = 1 << 16,
+                 threads: int = 2):
+        self.X, self.codes = X, codes
+        self.block_rows, self.threads = int(block_rows), max(1, int(threads))
+
+    def scan(self, fn: Callable, merge: Callable, initial):
+        n, b = self.X.shape[0], self.block_rows
+        starts = range(0, n, b)
+
+        def one(a):
+            with single_threaded_blas():
+                return fn(self.X[a:a + b], self.codes[a:a + b])
+
+        if self.threads > 1 and n > b:
+            with ThreadPoolExecutor(self.threads) as pool:
+                parts = list(pool.map(one, starts))
+        else:
+            parts = [one(a) for a in starts]
+        acc = initial
+        for p in parts:
+            acc = merge(acc, p)
+        return acc
+
+
+@dataclass(frozen=True)
+class _Scores:
+    """One pass: per problem, the largest score and the ``pool`` rows of largest score.
+
+    The score of row ``x`` of class ``c`` for problem ``j`` is the quadratic form
+    ``scales2[j, c] (z - c_j)^T B_j (z - c_j)`` in the moved row ``z = x - origin`` (a common
+    origin near the data, so that a large common offset cancels no digits), evaluated for
+    all problems at once as one matrix product ``beta^T phi(z)`` with the quadratic features
+    ``phi(z) = (z_a z_b for a <= b, z, 1)`` (coefficients :func:`_quadratic_coefficients`).
+    ``transform`` (e.g. clipping) is applied to the rows first.
+    """
+
+    beta: np.ndarray  # (J, d(d+1)/2 + d + 1)
+    scales2: np.ndarray  # (J, K)
+    origin: np.ndarray  # (d,)
+    pool: int
+    transform: Callable | None = None
+
+    def __call__(self, X: np.ndarray, codes: np.ndarray):
+        if self.transform is not None:
+            X = self.transform(X)
+        d = X.shape[1]
+        ia, ib = np.triu_indices(d)
+        q = ia.shape[0]
+        m = X.shape[0]
+        S = np.empty((self.beta.shape[0], m))
+        for a in range(0, m, BLOCK_ROWS):
+            Zt = (X[a:a + BLOCK_ROWS] - self.origin).T
+            F = np.empty((q + d + 1, Zt.shape[1]))
+            np.multiply(Zt[ia], Zt[ib], out=F[:q])
+            F[q:q + d] = Zt
+            F[-1] = 1.0
+            np.matmul(self.beta, F, out=S[:, a:a + BLOCK_ROWS])
+        S *= self.scales2[:, codes]
+        return _top(S, X, codes, self.pool)
+
+
+def _quadratic_coefficients(W: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """``beta`` with ``beta . phi(z) = ||(z - centre) W||^2`` (see :class:`_Scores`)."""
+    B = W @ W.T
+    B = 0.5 * (B + B.T)
+    ia, ib = np.triu_indices(B.shape[0])
+    quad = np.where(ia == ib, 1.0, 2.0) * B[ia, ib]
+    return np.concatenate([quad, -2.0 * (B @ centre), [centre @ B @ centre]])
+
+
+def _top(S: np.ndarray, X: np.ndarray, codes: np.ndarray, pool: int):
+    """Per row of ``S``: (max, scores, rows, codes) of the ``pool`` largest scores."""
+    m = S.shape[1]
+    out = []
+    for s in S:
+        idx = np.argpartition(s, m - pool)[m - pool:] if m > pool else np.arange(m)
+        out.append((float(s.max(initial=-np.inf)), s[idx], X[idx], codes[idx]))
+    return out
+
+
+def _merge_top(a, b, pool: int):
+    if a is None or b is None:
+        return b if a is None else a
+    out = []
+    for (ma, sa, xa, ca), (mb, sb, xb, cb) in zip(a, b, strict=True):
+        s = np.concatenate([sa, sb])
+        x = np.concatenate([xa, xb])
+        c = np.concatenate([ca, cb])
+        if s.shape[0] > pool:
+            idx = np.argpartition(s, s.shape[0] - pool)[s.shape[0] - pool:]
+            s, x, c = s[idx], x[idx], c[idx]
+        out.append((max(ma, mb), s, x, c))
+    return out
+
+
+def _order(s: np.ndarray, x: np.ndarray, c: np.ndarray):
+    """Rows by decreasing score, ties by content: an order that does not depend on chunking."""
+    keys = [x[:, i] for i in range(x.shape[1] - 1, -1, -1)]
+    idx = np.lexsort([*keys, c, -s])
+    return s[idx], x[idx], c[idx]
+
+
+def _row_keys(x: np.ndarray, c: np.ndarray) -> list[bytes]:
+    return [xi.tobytes() + int(ci).to_bytes(8, "little", signed=True)
+            for xi, ci in zip(x, c, strict=True)]
+
+
+class _Problem:
+    """One SDP of the batch: its canonical frame, pool, working set and current solution."""
+
+    def __init__(self, j: int, A: np.ndarray, gram: np.ndarray, centre: np.ndarray,
+                 scales: np.ndarray, backend_name: str):
+        self.j, self.centre, self.scales = j, centre, scales
+        self.L = np.linalg.cholesky(A)
+        gu = self.L.T @ gram @ self.L
+        lam, Q = np.linalg.eigh(0.5 * (gu + gu.T))
+        lam, Q = lam[::-1], Q[:, ::-1]
+        if not lam[0] > 0 or lam[-1] <= GRAM_RANK_TOL * lam[0]:
+            raise np.linalg.LinAlgError("the rows do not span the feature space")
+        self.lam, self.Q, self.P = lam, Q, self.L @ Q  # u = v P / scale
+        self.backend = BACKENDS[backend_name]
+        self.native = backend_name == "native"
+        self.scale = None
+        self.canon = None
+        self.frame = None
+        self.x = self.c = None  # the rows the in-memory loop sees (pool and working set)
+        self.working = np.empty(0, dtype=np.int64)
+        self.sol = None
+        self.G = None
+        self.rounds = 0
+        self.done = False
+
+    def first_scorer(self) -> np.ndarray:
+        """``W`` ranking rows by ``u^T H_0^{-1} u`` with ``H_0 = (sum u u^T)^{1/2}``."""
+        return self.P * self.lam ** -0.25
+
+    def scorer(self) -> np.ndarray:
+        """``W`` with ``||v W||^2 = v^T G^+ v``, as :func:`.problem.max_violation` computes it."""
+        G = 0.5 * (self.G + self.G.T)
+        diag = np.diag(G).copy()
+        scale = np.ones_like(diag)
+        pos = diag > 0
+        scale[pos] = 1.0 / np.sqrt(diag[pos])
+        lam, Q = np.linalg.eigh(G * np.outer(scale, scale))
+        lam = np.maximum(lam, 1e-12 * lam[-1])
+        return (Q / np.sqrt(lam)) * scale[:, None]
+
+    def canonical_rows(self, x: np.ndarray, c: np.ndarray) -> np.ndarray:
+        V = (x - self.centre) * self.scales[c][:, None]
+        return V @ self.P
+
+    def solve(self, x: np.ndarray, c: np.ndarray, *, tol: float, add_tol: float,
+              deadline: float | None, max_iters: int | None) -> None:
+        """The in-memory active set on the working rows and the pool ``(x, c)``."""
+        initial = None
+        if self.x is not None:  # the working rows stay (and start the loop); the pool joins
+            keep_x, keep_c = self.x[self.working], self.c[self.working]
+            known = set(_row_keys(keep_x, keep_c))
+            new = np.array([k not in known for k in _row_keys(x, c)], dtype=bool)
+            x, c = np.concatenate([keep_x, x[new]]), np.concatenate([keep_c, c[new]])
+            initial = np.arange(keep_x.shape[0])
+        U = self.canonical_rows(x, c)
+        sq = np.einsum("ij,ij->i", U, U)
+        keep = sq > 0
+        x, c, U, sq = x[keep], c[keep], U[keep], sq[keep]
+        if initial is not None:  # positions of the kept working rows after the filter
+            initial = np.flatnonzero(keep[:initial.shape[0]])
+        if self.scale is None:  # fixed once: the largest norm in the first pool
+            self.scale = float(np.sqrt(sq.max()))
+        U = U / self.scale
+        sq = sq / self.scale**2
+        self.canon = Canonical(U, self.L, self.Q, self.scale, sq)
+        self.frame = whitened_frame(self.canon) if self.native else balanced_frame(self.canon)
+        sol, working, _, rounds = solve_reduced(
+            self.frame, self.backend, reduce="active-set", tol=tol, add_tol=add_tol,
+            deadline=deadline, max_iters=max_iters, initial=initial)
+        self.sol, self.working, self.x, self.c = sol, working, x, c
+        self.rounds += rounds
+        self.G = self.canon.to_G(self.frame.to_canonical(sol.H))
+
+    def outside(self, s: np.ndarray, x: np.ndarray, c: np.ndarray, threshold: float) -> bool:
+        """Whether a pooled row outside the working set scores above ``threshold``."""
+        known = set(_row_keys(self.x[self.working], self.c[self.working]))
+        hot = s > threshold
+        return any(k not in known for k in _row_keys(x[hot], c[hot]))
+
+
+def solve_affine(A: np.ndarray, rows: AffineRows, gram: np.ndarray, data, *,
+                 solver: str = "native", tol: float = 1e-7, origin: np.ndarray | None = None,
+                 transform: Callable | None = None, pool: int = POOL_ROWS,
+                 time_limit: float | None = None,
+                 max_iters: int | None = None) -> list[SDPResult]:
+    """Solve ``min tr(A_j G) s.t. v^T G^{-1} v <= 1`` for every row of every problem ``j``.
+
+    Parameters
+    ----------
+    A : ndarray of shape (J, d, d)
+        Symmetric positive definite weights.
+    rows : AffineRows
+        The rows of every problem, as affine images of the labelled rows of ``data``.
+    gram : ndarray of shape (J, d, d)
+        ``sum_n v_n v_n^T`` per problem (:func:`affine_gram`); it must be positive definite.
+    data : object with ``scan(fn, merge, initial)``
+        The labelled rows: :class:`MemoryRows` or a :class:`klrelease.stream.Source`.
+    solver : {"native", "clarabel", "scs", "mosek"}
+        Backend of the in-memory active set.
+    tol : float
+        As in :func:`mean_noise_sdp` (native: half on the working set, half for admitting
+        rows).
+    origin : ndarray of shape (d,), optional
+        A point near the data (e.g. the overall mean) subtracted before scoring.
+    transform : callable, optional
+        Applied to every block of rows before scoring (e.g. clipping to a public bound).
+
+    Returns
+    -------
+    list of SDPResult
+        One per problem; ``max_violation`` is the largest ``v^T G^+ v - 1`` over every row,
+        from the last pass (the returned ``G`` is scaled to make it exactly feasible).
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        A Gram matrix is not positive definite enough (rows not spanning the space).
+    SolverFailed
+        The backend failed, the loop did not converge, or a result violates a row by more
+        than :data:`.problem.FEASIBILITY_TOL`.
+    """
+    start = time.perf_counter()
+    deadline = None if time_limit is None else start + time_limit
+    J, d = rows.centres.shape
+    origin = np.zeros(d) if origin is None else np.asarray(origin, dtype=float)
+    native = solver == "native"
+    solve_tol = tol / 2 if native else tol
+    add_tol = tol / 2 if native else tol
+    with single_threaded_blas():
+        probs = [_Problem(j, A[j], gram[j], rows.centres[j], rows.scales[j], solver)
+                 for j in range(J)]
+    scales2 = rows.scales**2
+    passes = 0
+    best = {}
+    while True:
+        live = [p for p in probs if not p.done]
+        if not live:
+            break
+        if passes > MAX_ROUNDS:
+            raise SolverFailed(solver, "active set not converged",
+                               f"still violated after {passes} passes")
+        beta = np.stack([_quadratic_coefficients(
+            p.first_scorer() if p.sol is None else p.scorer(), p.centre - origin)
+            for p in live])
+        fn = _Scores(beta, scales2[[p.j for p in live]], origin, pool, transform)
+        result = data.scan(fn, lambda a, b: _merge_top(a, b, pool), None)
+        passes += 1
+        with single_threaded_blas():
+            for p, (mx, s, x, c) in zip(live, result, strict=True):
+                s, x, c = _order(s, x, c)
+                if p.sol is not None and not p.outside(s, x, c, 1.0 + add_tol):
+                    p.done = True
+                    best[p.j] = mx - 1.0
+                    continue
+                p.solve(x, c, tol=solve_tol, add_tol=add_tol, deadline=deadline,
+                        max_iters=max_iters)
+    elapsed = (time.perf_counter() - start) / J  # per problem: the reports add up
+    out = []
+    for p in probs:
+        worst = best[p.j]
+        if not worst <= FEASIBILITY_TOL:
+            raise SolverFailed(solver, "infeasible result",
+                               f"the solution violates a constraint by {worst:.2e} (relative), "
+                               f"above {FEASIBILITY_TOL:.0e}")
+        G, H = p.G, p.sol.H
+        if worst > 0:
+            G, H = G * (1.0 + worst), H * (1.0 + worst)
+        lower = p.sol.lower_bound
+        value = float(np.trace(H)) if p.frame.c is None else float(np.diag(H) @ p.frame.c)
+        gap = value / lower - 1.0 if lower and np.isfinite(lower) else float("nan")
+        G = np.ascontiguousarray(G)
+        G.setflags(write=False)
+        out.append(SDPResult(
+            G=G, objective=float(np.sum(A[p.j] * G)), solver=solver, status="optimal",
+            time=elapsed, n_constraints=int(p.working.shape[0]),
+            max_violation=0.0 if worst > 0 else float(worst),
+            reduction="active-set", gap=gap, rounds=p.rounds, backend_violation=worst,
+            rank=d))
+    return out

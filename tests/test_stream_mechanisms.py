@@ -1,0 +1,199 @@
+"""Streamed releases of the iid baselines and kl-paper; kl-paper's constraints in passes."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import klrelease
+from klrelease import solvers
+from klrelease.neighbours import class_neighbour_vectors
+from klrelease.solvers.passes import AffineRows, MemoryRows, affine_gram, solve_affine
+from klrelease.statistics import class_statistics
+from klrelease.stream import ArraySource, CSVSource
+
+CLASSES = [0, 1, 2]
+
+
+def _data(n=3000, d=4, K=3, seed=0, offset=10.0, sort=True):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, K, n)
+    if sort:  # chunks that hold one class only and none of the others
+        y = np.sort(y)
+    X = rng.normal(size=(n, d)) * (1 + 0.5 * y[:, None]) + 2.0 * y[:, None] + offset
+    return X, y
+
+
+def _same(a, b, rtol=1e-10):
+    for name in ("weights", "means", "covariances"):
+        A, B = getattr(a.gmm, name), getattr(b.gmm, name)
+        np.testing.assert_allclose(B, A, rtol=rtol, atol=rtol * np.max(np.abs(A)))
+
+
+def _release(X, y, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return klrelease.release(X, y, epsilon=1.0, delta=1e-6, seed=7, classes=CLASSES, **kw)
+
+
+BASELINES = [
+    ("gaussian-iid", {"bounds": ([4.0] * 4, [20.0] * 4)}),
+    ("gaussian-iid", {"norm_bound": 30.0, "adjacency": "replace-one"}),
+    ("laplace-iid", {"norm_bound": 30.0}),
+    ("colored-gaussian", {"bounds": "features", "design": "public"}),
+    ("colored-gaussian", {"bounds": ([4.0] * 4, [20.0] * 4), "design": "data"}),
+    ("r1smg", {"bounds": "features"}),
+]
+
+
+@pytest.mark.parametrize("mechanism,extra", BASELINES)
+def test_baselines_stream_to_the_in_memory_release(mechanism, extra):
+    X, y = _data()
+    a = _release(X, y, mechanism=mechanism, **extra)
+    b = _release(ArraySource(X, y, chunk_rows=401), None, mechanism=mechanism, **extra)
+    _same(a, b)
+    assert a.options == b.options  # nothing about the chunking in the artifact
+
+
+def test_streamed_baseline_clips_every_chunk_and_refuses_small_classes_alike():
+    X, y = _data(n=600)
+    X[::50] *= 100.0  # rows far outside the public box: clipped per chunk
+    box = {"bounds": ([4.0] * 4, [20.0] * 4)}
+    _same(_release(X, y, mechanism="gaussian-iid", **box),
+          _release(ArraySource(X, y, chunk_rows=64), None, mechanism="gaussian-iid", **box))
+    y_small = y.copy()
+    y_small[y_small == 2] = 1
+    y_small[-3:] = 2  # a class of 3 rows: fewer than d + 1
+    with pytest.raises(ValueError) as mem:
+        _release(X, y_small, mechanism="gaussian-iid", **box)
+    with pytest.raises(ValueError) as streamed:
+        _release(ArraySource(X, y_small, chunk_rows=64), None, mechanism="gaussian-iid", **box)
+    assert str(streamed.value) == str(mem.value)
+
+
+@pytest.mark.parametrize("extra", [{}, {"adjacency": "remove-one", "norm_bound": 25.0}])
+def test_kl_paper_streams_to_the_in_memory_release(extra):
+    X, y = _data(n=5000)
+    a = _release(X, y, mechanism="kl-paper", **extra)
+    b = _release(ArraySource(X, y, chunk_rows=777), None, mechanism="kl-paper", **extra)
+    _same(a, b, rtol=1e-9)
+    assert b.options["data"] == "streamed in chunks"
+    assert b.solver.status == "optimal"
+
+
+def _problems(X, y, K):
+    st = class_statistics(X, y, K)
+    A = np.linalg.inv(st.covariances)
+    A = 0.5 * (A + A.transpose(0, 2, 1))
+    counts = st.counts.astype(float)
+    scales = np.diag(1.0 / (counts - 1)) + (1 - np.eye(K)) / (counts + 1)[:, None]
+    rows = AffineRows(st.means, scales)
+    gram = affine_gram(rows, counts, st.means, st.covariances * (counts - 1)[:, None, None])
+    return st, A, rows, gram
+
+
+def test_active_set_on_chunked_rows_reaches_the_in_memory_design():
+    X, y = _data(n=20_000, d=5, offset=1e3, sort=False)
+    st, A, rows, gram = _problems(X, y, 3)
+    small_pool = 60  # several passes: the pools miss rows that only later violate
+    source = ArraySource(X, y, classes=CLASSES, chunk_rows=4099)
+    passes = []
+    scan = source.scan
+    source.scan = lambda *a: passes.append(1) or scan(*a)
+    mem = solve_affine(A, rows, gram, MemoryRows(X, y, block_rows=3001), pool=small_pool,
+                       origin=X.mean(0))
+    src = solve_affine(A, rows, gram, source, pool=small_pool, origin=X.mean(0))
+    assert len(passes) >= 3
+    for k in range(3):
+        V = class_neighbour_vectors(X, y, k, st.means[k], int(st.counts[k]))
+        np.testing.assert_allclose(gram[k], V.T @ V, rtol=1e-9)
+        ref = solvers.mean_noise_sdp(A[k], V, solver="native")
+        for res in (mem[k], src[k]):
+            assert solvers.max_violation(res.G, V) <= 1e-9  # feasible for every row
+            assert res.objective <= ref.objective * (1 + 1e-6)  # and optimal
+            assert res.objective >= ref.objective * (1 - 1e-6)
+            assert 0 <= res.gap <= 1e-6
+        np.testing.assert_allclose(src[k].G, mem[k].G, rtol=1e-9, atol=1e-9 * np.abs(
+            mem[k].G).max())
+        assert src[k].n_constraints == mem[k].n_constraints
+
+
+def test_kl_paper_through_dask_on_a_local_cluster():
+    da = pytest.importorskip("dask.array")
+    distributed = pytest.importorskip("distributed")
+    X, y = _data(n=4000)
+    ref = _release(X, y, mechanism="kl-paper")
+    box = {"bounds": ([4.0] * 4, [20.0] * 4)}
+    ref_iid = _release(X, y, mechanism="gaussian-iid", **box)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        Xd, yd = da.from_array(X, chunks=(900, 4)), da.from_array(y, chunks=900)
+        on_cluster = _release(Xd, yd, mechanism="kl-paper", client=client)
+        iid = _release(Xd, yd, mechanism="gaussian-iid", client=client, **box)
+    _same(ref, on_cluster, rtol=1e-9)
+    _same(ref_iid, iid)
+
+
+def _write_csv(path, X, y):
+    with path.open("w") as fh:
+        fh.write("a,b,label,c,e\n")
+        for row, lab in zip(X, y, strict=True):
+            a, b, c, e = (float(v) for v in row[:4])
+            fh.write(f"{a!r},{b!r},c{lab},{c!r},{e!r}\n")
+
+
+def test_cli_release_csv_streams_in_blocks(tmp_path, monkeypatch):
+    from klrelease.artifact import Release
+    from klrelease.cli import main
+
+    X, y = _data(n=2000)
+    _write_csv(tmp_path / "d.csv", X, y)
+    monkeypatch.chdir(tmp_path)
+    blocks = []
+    chunks = CSVSource.chunks
+
+    def counted(self):
+        for part in chunks(self):
+            blocks.append(part[0].shape[0])
+            yield part
+
+    monkeypatch.setattr(CSVSource, "chunks", counted)
+    monkeypatch.setattr("klrelease.data.load_csv", lambda *a, **k: pytest.fail("loaded"))
+    base = ["release", "--epsilon", "1", "--delta", "1e-6", "--seed", "7", "--csv", "d.csv",
+            "--label-column", "label", "--classes", "c0,c1,c2"]
+    assert main([*base, "--out", "a.json"]) == 0
+    assert blocks  # read by the release, block by block
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = klrelease.release(X, np.array([f"c{v}" for v in y]), epsilon=1.0, delta=1e-6,
+                                seed=7, classes=["c0", "c1", "c2"])
+    a = Release.load(tmp_path / "a.json")
+    for name in ("weights", "means", "covariances"):
+        np.testing.assert_allclose(getattr(a.gmm, name), getattr(ref.gmm, name), rtol=1e-6,
+                                   atol=1e-9)
+    assert a.feature_names == ["a", "b", "c", "e"]
+
+
+@pytest.mark.parametrize("body,message", [
+    ("1.5,2,c0,3,4\n7.25,secret42,c1,3,4\n", "every column except 'label' must be numeric"),
+    ("1.5,2,c0,3,4\n7.25,3,c1\n", "has rows with a different number of fields"),
+])
+def test_cli_release_csv_errors_as_in_memory_without_values(tmp_path, monkeypatch, capsys,
+                                                             body, message):
+    from klrelease.cli import main
+    from klrelease.data import load_csv
+
+    (tmp_path / "bad.csv").write_text("a,b,label,c,e\n" + body)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as mem:
+        load_csv("bad.csv", "label")
+    code = main(["release", "--epsilon", "1", "--delta", "1e-6", "--csv", "bad.csv",
+                 "--label-column", "label", "--classes", "c0,c1", "--out", "r.json"])
+    err = capsys.readouterr().err
+    assert code == 2 and message in str(mem.value)
+    assert str(mem.value) in " ".join(err.split())
+    assert "secret42" not in err and "7.25" not in err
+    assert not (tmp_path / "r.json").exists()
