@@ -9,6 +9,7 @@ import numpy as np
 
 from .artifact import PrivacyBlock, RandomnessBlock, Release, SolverBlock
 from .data import as_labelled_data, check_privacy_parameters
+from .domain import Domain
 from .kl import KLEstimate, monte_carlo_kl
 from .learners.result import MechanismFailed
 from .mechanisms import Plan, get_mechanism
@@ -43,9 +44,9 @@ def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, option
     eps, dlt = check_privacy_parameters(epsilon, delta)
     mech = get_mechanism(mechanism)
     options = dict(options)
-    bounds = _bounds_option(bounds, options)
+    bounds = Domain.from_public(_bounds_option(bounds, options), norm_bound)
     opts = mech.validate_options(options)
-    if bounds is not None and not mech.uses_box:
+    if bounds is not None and bounds.kind == "box" and not mech.uses_box:
         raise ValueError(
             f"{mech.name} does not use a public box of feature bounds (bounds=/--lower/--upper); "
             "give norm_bound= for its record-level relations instead"
@@ -53,15 +54,14 @@ def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, option
     data = None
     if client is not None or isinstance(X, Source) or is_dask_collection(X):
         if getattr(mech, "streams", False):
-            data = as_source(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound,
-                             client=client)
+            data = as_source(X, y, classes=classes, bounds=bounds, client=client)
             if data is None:
                 raise ValueError("client= goes with a Dask collection or a data source as X")
         elif isinstance(X, Source):
             raise ValueError(f"{mech.name} needs the data in memory; kl-certified reads a "
                              "streamed source")
     if data is None:  # in memory (a Dask collection is materialised for other mechanisms)
-        data = as_labelled_data(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound,
+        data = as_labelled_data(X, y, classes=classes, bounds=bounds,
                                 min_class_size=mech.min_class_size)
     p = mech.plan(data, epsilon=eps, delta=dlt, **opts.as_dict())
     declared = mech.certifies(opts, p.public_options)
@@ -133,8 +133,10 @@ def release(
     classes : sequence, optional
         The public list of classes (default: the labels present in ``y``).
     bounds, norm_bound : optional
-        Public bounds on the features (a box, or a bound on ``||x||_2``). ``bounds`` may also
-        name a mechanism's own way of choosing them, passed on as its option ``bounds``
+        The public bound on the features, validated once as a :class:`~klrelease.domain.Domain`:
+        a box ``bounds=(lower, upper)``, a ball ``norm_bound=B`` (on ``||x||_2``), or a
+        ``Domain`` given as ``bounds``; not both. ``bounds`` may also name a mechanism's own
+        way of choosing them, passed on as its option ``bounds``
         (``"features"``: under label-flip adjacency, the box spanned by the public features).
     client : distributed.Client, optional
         Run the passes over a Dask collection on this cluster (default: Dask's current

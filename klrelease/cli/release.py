@@ -83,8 +83,7 @@ def release(
 
     eps, dlt = check_privacy_parameters(epsilon, delta)
     mech = get_mechanism(mechanism)
-    opts, bounds, norm_bound, classes = mechanism_inputs(mech, option, lower, upper,
-                                                         norm_bound, classes)
+    opts, bounds, classes = mechanism_inputs(mech, option, lower, upper, norm_bound, classes)
     if seed is not None and seed < 0:
         _fail(f"--seed must be a non-negative integer, got {seed}")
     check_output(out)
@@ -114,7 +113,7 @@ def release(
         with err_console.status(f"designing {mech.name} ..."):
             try:
                 rel = do_release(data, None, epsilon=eps, delta=dlt, mechanism=mech.name,
-                                 seed=seed, bounds=bounds, norm_bound=norm_bound, **opts)
+                                 seed=seed, bounds=bounds, **opts)
             except MechanismFailed as exc:  # a FAIL output of the mechanism: its artifact
                 with atomic_output(out) as fh:
                     fh.write(exc.to_json())

@@ -123,7 +123,7 @@ def public_mean_noise_cov(common: Common, level: float) -> np.ndarray:
     if dom.kind == "box":
         a = dom.ranges / n
         return np.diag(a * a.sum() / level)
-    return (dom.spread("l2") / n) ** 2 / level * np.eye(dom.d)
+    return (dom.diameter("l2") / n) ** 2 / level * np.eye(dom.d)
 
 
 def _data_mean_noise(common: Common, codes: np.ndarray, level: float, solver: str):

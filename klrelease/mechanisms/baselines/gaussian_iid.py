@@ -91,8 +91,8 @@ def block_sensitivities(common: Common, norm: str = "l2") -> tuple[float, float,
     adj = common.adjacency.value
     return (
         weights_sensitivity(N, norm),
-        means_sensitivity(common.n_min, common.domain.spread(norm), norm, adj),
-        covariances_sensitivity(common.n_min, common.domain.spread(norm), norm, adj),
+        means_sensitivity(common.n_min, common.domain.diameter(norm), norm, adj),
+        covariances_sensitivity(common.n_min, common.domain.diameter(norm), norm, adj),
     )
 
 

@@ -105,7 +105,7 @@ class LaplaceIID(Mechanism):
         N = common.stats.n_samples
         e_pi, e_mu, e_S = (s * epsilon for s in common.shares)
         if variant == "paper":
-            radius = common.domain.spread("l1") / 2.0
+            radius = common.domain.diameter("l1") / 2.0
             s_pi, s_mu, s_S = wu_sensitivities(N, K, radius)
             scales = (s_pi / e_pi, s_mu / (e_mu / K), s_S / (e_S / K))
             guarantee = Guarantee(

@@ -130,7 +130,7 @@ class R1SMG(Mechanism):
         d_pi, _, d_S = block_sensitivities(common, "l2")
         sig_pi, sig_S = joint_gaussian_sigmas((d_pi, d_S), (rho_pi, rho_S),
                                               (1.0 - rho_mu) * epsilon, delta / 2.0)
-        per_class = mean_removal_bound(common.n_min, common.domain.spread("l2"))
+        per_class = mean_removal_bound(common.n_min, common.domain.diameter("l2"))
         sigma2 = r1smg_sigma2(rho_mu * epsilon / 2.0, delta / 4.0, per_class, d)
         guarantee = Guarantee(
             epsilon=epsilon, delta=delta, neighbouring=common.adjacency.value, certified=False,

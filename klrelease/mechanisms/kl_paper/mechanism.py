@@ -43,10 +43,11 @@ import numpy as np
 from pydantic import Field
 
 from ...data import LabelledData
+from ...domain import Domain
 from ...gmm import GMM
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...sampling import GaussianNoise, WishartNoise
-from ...statistics import ClassStatistics, class_statistics, clip_to_norm
+from ...statistics import ClassStatistics, class_statistics
 from ..base import Float, Guarantee, Int, Mechanism, MechanismOptions, Plan
 from .alternating import PaperDesign, design_kl_paper
 
@@ -172,15 +173,16 @@ class KLPaper(Mechanism):
         adjacency = Adjacency(opts["adjacency"])
         lam = float(opts["lam"])
         X = data.X
-        B = opts["norm_bound"] if opts["norm_bound"] is not None else data.norm_bound
+        domain = (Domain.ball(opts["norm_bound"], data.n_features)
+                  if opts["norm_bound"] is not None else data.domain)
+        B = None if domain is None else domain.norm_bound
         if adjacency != Adjacency.LABEL_FLIP:
             if B is None:
                 raise ValueError(
                     f"adjacency {adjacency.value!r} needs a public bound on the row norms: "
                     "pass norm_bound=B (rows are clipped to ||x|| <= B)"
                 )
-            B = float(B)
-            X = clip_to_norm(X, B)
+            X = domain.clip(X)
         stats = class_statistics(X, data.codes, data.n_classes)
         design = design_kl_paper(
             X, data.codes, stats, epsilon=epsilon, delta=delta, adjacency=adjacency,
