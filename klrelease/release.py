@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 
-from .artifact import PrivacyBlock, RandomnessBlock, Release, SolverBlock
+from .artifact import FailDocument, PrivacyBlock, RandomnessBlock, Release, SolverBlock
 from .data import as_labelled_data, check_privacy_parameters
 from .domain import Domain
 from .kl import KLEstimate, monte_carlo_kl
@@ -213,13 +213,17 @@ def _fail_artifact(p: Plan, g, opts, src, data, exc: MechanismFailed) -> dict:
     note = ("noise from a ChaCha20 CSPRNG keyed by the operating system" if src.secure else
             "seeded generator: reproducible, for experiments only; not a secure release")
     randomness = RandomnessBlock(secure=src.secure, seed=src.seed, note=note)
-    doc = Release.model_construct(mechanism=p.mechanism, gmm=None, privacy=privacy,
-                                  randomness=randomness, settings=opts.as_dict(),
-                                  options=p.public_options).model_dump(
-        mode="json", exclude={"gmm", "solver"})
-    doc.update(status="FAIL", stage=exc.stage, reason=exc.reason,
-               feature_names=list(data.feature_names))
-    return doc
+    release = Release.model_construct(mechanism=p.mechanism, gmm=None, privacy=privacy,
+                                      randomness=randomness, settings=opts.as_dict(),
+                                      options=p.public_options)
+    doc = FailDocument(
+        schema_version=release.schema_version, library_version=release.library_version,
+        python_version=release.python_version, mechanism=p.mechanism, status="FAIL",
+        stage=exc.stage, reason=exc.reason, feature_names=list(data.feature_names),
+        privacy=privacy, options=p.public_options, settings=opts.as_dict(),
+        randomness=randomness,
+    )
+    return doc.model_dump(mode="json", exclude={"learner", "diagnostics"})
 
 
 def expected_kl(p: Plan, reference, *, n_draws: int = 100, seed=None) -> KLEstimate:

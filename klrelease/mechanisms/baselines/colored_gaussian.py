@@ -63,6 +63,7 @@ from ...privacy.guarantee import GaussianCurve
 from ...sampling import GaussianNoise
 from ..base import Guarantee, Mechanism
 from ..kl_paper.mean_noise import SolverReport
+from ..registry import register
 from .common import (
     SUPPORTED_ADJACENCIES,
     BaselineOptions,
@@ -142,6 +143,7 @@ def _data_mean_noise(common: Common, codes: np.ndarray, level: float, solver: st
     return covs, SolverReport.combine(results)
 
 
+@register
 class ColoredGaussian(Mechanism):
     """Colored Gaussian mean noise (Ravi et al.), designed on the data or on public bounds."""
 

@@ -51,6 +51,7 @@ from ...data import LabelledData
 from ...privacy.guarantee import PureCurve
 from ...sensitivity import wu_sensitivities
 from ..base import Guarantee, Mechanism
+from ..registry import register
 from .common import (
     SUPPORTED_ADJACENCIES,
     BaselineOptions,
@@ -82,6 +83,7 @@ PAPER_REASONS = (
 )
 
 
+@register
 class LaplaceIID(Mechanism):
     """I.i.d. Laplace noise (Wu et al. 2016): paper constants, or derived label-flip ones."""
 

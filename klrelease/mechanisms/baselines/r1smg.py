@@ -44,6 +44,7 @@ from ...data import LabelledData
 from ...sensitivity import mean_removal_bound
 from ...warnings_ import PrivacyLeakWarning
 from ..base import Guarantee, Mechanism
+from ..registry import register
 from .common import (
     SUPPORTED_ADJACENCIES,
     BaselineOptions,
@@ -107,6 +108,7 @@ class RankOneNoise:
         return float(np.sum(per))
 
 
+@register
 class R1SMG(Mechanism):
     """Ji & Li's rank-one Gaussian mean noise, as published; never certified."""
 

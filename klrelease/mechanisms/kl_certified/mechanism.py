@@ -40,6 +40,7 @@ from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...warnings_ import PrivacyLeakWarning
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan, check_options
+from ..registry import register
 from .design import (
     SETTINGS,
     Budget,
@@ -407,6 +408,7 @@ def _fallback_gmm(pub: PublicInputs, output: dict, classes) -> GMM:
     return GMM(w, pub.frame.mean_to_raw(m1), covs, classes)
 
 
+@register
 class KLCertified(Mechanism):
     """KL-minimising design on public inputs and released statistics (certified)."""
 

@@ -49,6 +49,7 @@ from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...sampling import GaussianNoise, WishartNoise
 from ...statistics import ClassStatistics, class_statistics
 from ..base import Float, Guarantee, Int, Mechanism, MechanismOptions, Plan
+from ..registry import register
 from .alternating import PaperDesign, design_kl_paper
 
 __all__ = ["KLPaper", "KLPaperPlan", "SOLVER_NAMES", "NOT_CERTIFIED_REASONS"]
@@ -158,6 +159,7 @@ class KLPaperPlan(Plan):
         return GMM(counts / counts.sum(), output["means"], covs, self.classes)
 
 
+@register
 class KLPaper(Mechanism):
     """The paper's mechanism (Algorithm 1), reproduced faithfully; not certified."""
 
