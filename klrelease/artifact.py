@@ -35,7 +35,8 @@ from ._version import __version__
 from .gmm import GMM
 from .neighbours import Adjacency
 
-__all__ = ["Release", "PrivacyBlock", "SolverBlock", "RandomnessBlock", "SCHEMA_VERSION"]
+__all__ = ["Release", "FailDocument", "PrivacyBlock", "SolverBlock", "RandomnessBlock",
+           "SCHEMA_VERSION", "read_document"]
 
 SCHEMA_VERSION = "2.0"
 
@@ -235,3 +236,99 @@ class Release(BaseModel):
             f"{self.mechanism}: K={g.n_components} classes, d={g.n_features} features, "
             f"epsilon={p.epsilon:g}, delta={p.delta:g}, {p.neighbouring.value} adjacency, {cert}"
         )
+
+
+class FailDocument(BaseModel):
+    """A FAIL outcome, validated like a release artifact (there is no GMM).
+
+    Written by :func:`klrelease.release` (``klrelease release`` exit 3) when a mechanism
+    returns FAIL, or by :func:`klrelease.learn` (``klrelease learn``). It holds the privacy
+    block, the stage that failed and the public reason. For a mechanism's FAIL the certified
+    flag is recomputed as for a release; for a learner's, a seeded run claiming a guarantee is
+    refused.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: str | None = None
+    library_version: str | None = None
+    python_version: str | None = None
+    mechanism: str | None = None
+    learner: str | None = None
+    status: str = Field(pattern="^FAIL$")
+    stage: str | None = None
+    reason: str = ""
+    feature_names: list[str] = Field(default_factory=list)
+    privacy: PrivacyBlock
+    options: dict[str, Any] = Field(default_factory=dict)
+    settings: dict[str, Any] = Field(default_factory=dict)
+    diagnostics: dict[str, Any] = Field(default_factory=dict)
+    randomness: RandomnessBlock
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FailDocument:
+        if (self.mechanism is None) == (self.learner is None):
+            raise ValueError("a FAIL document names either a mechanism or a learner")
+        if self.randomness.secure and self.randomness.seed is not None:
+            raise ValueError("randomness: a secure run has no seed")
+        if self.learner is not None:
+            if self.privacy.certified and not self.randomness.secure:
+                raise ValueError("tampered privacy claim: a seeded run is never certified")
+            return self
+        from .mechanisms import get_mechanism
+
+        if self.schema_version is None or (self.schema_version.split(".")[0]
+                                           != SCHEMA_VERSION.split(".")[0]):
+            raise ValueError(f"artifact schema {self.schema_version!r} is not readable by "
+                             f"this version (schema {SCHEMA_VERSION})")
+        mech = get_mechanism(self.mechanism)
+        opts = mech.validate_options(self.settings)
+        if opts.adjacency != self.privacy.neighbouring:
+            raise ValueError("privacy: the neighbouring relation does not match the settings")
+        expected = self.randomness.secure and mech.certifies(opts, self.options)
+        if self.privacy.certified != expected:
+            raise ValueError(
+                f"tampered privacy claim: the document says certified={self.privacy.certified}"
+                f", but {self.mechanism} with these settings and "
+                f"{'secure' if self.randomness.secure else 'seeded'} noise is "
+                f"{'certified' if expected else 'NOT certified'}"
+            )
+        return self
+
+    @property
+    def source(self) -> str:
+        """``"mechanism NAME"`` or ``"learner NAME"``."""
+        return (f"mechanism {self.mechanism}" if self.mechanism is not None
+                else f"learner {self.learner}")
+
+
+def read_document(path) -> Release | FailDocument:
+    """Read a release artifact or a FAIL document from ``path`` (validated).
+
+    Raises
+    ------
+    ValueError
+        One line: unreadable, not JSON, or not a valid document.
+    """
+    import json
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("not a valid klrelease artifact (not JSON)") from None
+    if not (isinstance(doc, dict) and doc.get("status") == "FAIL"):
+        return Release.from_json(text)
+    try:
+        return FailDocument.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "document"
+        msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+        raise ValueError(f"not a valid FAIL document ({where}: {msg})") from None

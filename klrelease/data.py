@@ -8,11 +8,13 @@ statistics of the (private) dataset.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
+
+from .domain import Domain
 
 __all__ = [
     "LabelledData",
@@ -41,10 +43,9 @@ class LabelledData:
     classes : tuple
         The class labels; ``classes[k]`` is the label of class index ``k``. The set of classes
         is public (it fixes K); which rows carry which label is private.
-    bounds : tuple of two ndarrays of shape (d,) or None
-        A public box ``lower <= x <= upper`` known independently of the data, if any.
-    norm_bound : float or None
-        A public bound ``||x||_2 <= B``, if any.
+    domain : Domain or None
+        The public bound on the rows, known independently of the data, if any: a box
+        ``lower <= x <= upper`` or a ball ``||x||_2 <= B`` (:class:`~klrelease.domain.Domain`).
     feature_names : tuple of str
     classes_declared : bool
         True when the caller declared the set of classes; False when it was read from the
@@ -54,10 +55,19 @@ class LabelledData:
     X: np.ndarray
     codes: np.ndarray
     classes: tuple
-    bounds: tuple[np.ndarray, np.ndarray] | None = None
-    norm_bound: float | None = None
+    domain: Domain | None = None
     feature_names: tuple[str, ...] = field(default=())
     classes_declared: bool = False
+
+    @property
+    def bounds(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(lower, upper)`` of a public box, if the domain is one."""
+        return None if self.domain is None else self.domain.bounds
+
+    @property
+    def norm_bound(self) -> float | None:
+        """The radius of a public ball, if the domain is one."""
+        return None if self.domain is None else self.domain.norm_bound
 
     @property
     def n_samples(self) -> int:
@@ -73,17 +83,11 @@ class LabelledData:
 
     def with_labels(self, codes: np.ndarray) -> LabelledData:
         """The same features with other class indices (a neighbouring dataset, for audits)."""
-        return LabelledData(
-            self.X, np.asarray(codes, dtype=np.int64), self.classes, self.bounds,
-            self.norm_bound, self.feature_names, self.classes_declared,
-        )
+        return replace(self, codes=np.asarray(codes, dtype=np.int64))
 
     def with_features(self, X: np.ndarray) -> LabelledData:
         """Other features with the same labels (clipped data, or a neighbouring record)."""
-        return LabelledData(
-            np.asarray(X, dtype=np.float64), self.codes, self.classes, self.bounds,
-            self.norm_bound, self.feature_names, self.classes_declared,
-        )
+        return replace(self, X=np.asarray(X, dtype=np.float64))
 
 
 def check_privacy_parameters(epsilon: float, delta: float) -> tuple[float, float]:
@@ -145,22 +149,6 @@ def _encode_labels(y, classes) -> tuple[np.ndarray, tuple]:
     return codes, tuple(c.item() if hasattr(c, "item") else c for c in classes_arr)
 
 
-def _check_bounds(bounds, d: int):
-    if bounds is None:
-        return None
-    try:
-        lower, upper = bounds
-    except (TypeError, ValueError):
-        raise ValueError("bounds must be a pair (lower, upper)") from None
-    lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), (d,)).copy()
-    upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (d,)).copy()
-    if not (np.all(np.isfinite(lower)) and np.all(np.isfinite(upper))):
-        raise ValueError("bounds must be finite")
-    if np.any(lower >= upper):
-        raise ValueError("bounds must satisfy lower < upper for every feature")
-    return lower, upper
-
-
 def as_labelled_data(
     X,
     y,
@@ -181,10 +169,11 @@ def as_labelled_data(
         Class labels (integers or strings).
     classes : sequence, optional
         The public set of classes. Defaults to the labels present in ``y``.
-    bounds : (lower, upper), optional
-        Public per-feature box (scalars or arrays of shape (d,)).
+    bounds : (lower, upper) or Domain, optional
+        Public per-feature box (scalars or arrays of shape (d,)), or a
+        :class:`~klrelease.domain.Domain`.
     norm_bound : float, optional
-        Public bound B on ``||x||_2``.
+        Public bound B on ``||x||_2`` (a ball; give a box or a ball, not both).
     min_class_size : int, optional
         Every class must hold at least this many rows. Defaults to ``max(2, d + 1)`` (the
         class covariance (2c) must be invertible).
@@ -201,13 +190,7 @@ def as_labelled_data(
                            else int(min_class_size))
         if bounds is None and norm_bound is None:
             return X
-        from dataclasses import replace
-
-        nb = X.norm_bound if norm_bound is None else float(norm_bound)
-        if nb is not None and (not np.isfinite(nb) or nb <= 0):
-            raise ValueError(f"norm_bound must be a finite number > 0, got {norm_bound!r}")
-        bd = X.bounds if bounds is None else _check_bounds(bounds, X.n_features)
-        return replace(X, bounds=bd, norm_bound=nb)
+        return replace(X, domain=Domain.from_public(bounds, norm_bound, X.n_features))
     try:
         X = np.asarray(X, dtype=np.float64)
     except (TypeError, ValueError):
@@ -230,17 +213,13 @@ def as_labelled_data(
         raise ValueError("at least two classes are needed to release a mixture")
     _check_class_sizes(codes, K, d, max(2, d + 1) if min_class_size is None
                        else int(min_class_size))
-    if norm_bound is not None:
-        norm_bound = float(norm_bound)
-        if not np.isfinite(norm_bound) or norm_bound <= 0:
-            raise ValueError(f"norm_bound must be a finite number > 0, got {norm_bound!r}")
+    domain = Domain.from_public(bounds, norm_bound, d)
     names = tuple(feature_names) if feature_names is not None else tuple(
         f"x{i}" for i in range(d)
     )
     if len(names) != d:
         raise ValueError("feature_names must have one name per column of X")
-    return LabelledData(X, codes, classes_t, _check_bounds(bounds, d), norm_bound, names,
-                        classes is not None)
+    return LabelledData(X, codes, classes_t, domain, names, classes is not None)
 
 
 def _check_class_sizes(codes: np.ndarray, K: int, d: int, need: int) -> None:

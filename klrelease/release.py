@@ -7,8 +7,9 @@ import warnings
 
 import numpy as np
 
-from .artifact import PrivacyBlock, RandomnessBlock, Release, SolverBlock
+from .artifact import FailDocument, PrivacyBlock, RandomnessBlock, Release, SolverBlock
 from .data import as_labelled_data, check_privacy_parameters
+from .domain import Domain
 from .kl import KLEstimate, monte_carlo_kl
 from .learners.result import MechanismFailed
 from .mechanisms import Plan, get_mechanism
@@ -49,9 +50,9 @@ def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, option
     eps, dlt = check_privacy_parameters(epsilon, delta)
     mech = get_mechanism(mechanism)
     options = dict(options)
-    bounds = _bounds_option(bounds, options)
+    bounds = Domain.from_public(_bounds_option(bounds, options), norm_bound)
     opts = mech.validate_options(options)
-    if bounds is not None and not mech.uses_box:
+    if bounds is not None and bounds.kind == "box" and not mech.uses_box:
         raise ValueError(
             f"{mech.name} does not use a public box of feature bounds (bounds=/--lower/--upper); "
             "give norm_bound= for its record-level relations instead"
@@ -59,15 +60,14 @@ def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, option
     data = None
     if client is not None or isinstance(X, Source) or is_dask_collection(X):
         if getattr(mech, "streams", False):
-            data = as_source(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound,
-                             client=client)
+            data = as_source(X, y, classes=classes, bounds=bounds, client=client)
             if data is None:
                 raise ValueError("client= goes with a Dask collection or a data source as X")
         elif isinstance(X, Source):
             raise ValueError(f"{mech.name} needs the data in memory; {_streaming_names()} "
                              "read a streamed source")
     if data is None:  # in memory (a Dask collection is materialised for other mechanisms)
-        data = as_labelled_data(X, y, classes=classes, bounds=bounds, norm_bound=norm_bound,
+        data = as_labelled_data(X, y, classes=classes, bounds=bounds,
                                 min_class_size=mech.min_class_size)
     p = mech.plan(data, epsilon=eps, delta=dlt, **opts.as_dict())
     declared = mech.certifies(opts, p.public_options)
@@ -140,8 +140,10 @@ def release(
     classes : sequence, optional
         The public list of classes (default: the labels present in ``y``).
     bounds, norm_bound : optional
-        Public bounds on the features (a box, or a bound on ``||x||_2``). ``bounds`` may also
-        name a mechanism's own way of choosing them, passed on as its option ``bounds``
+        The public bound on the features, validated once as a :class:`~klrelease.domain.Domain`:
+        a box ``bounds=(lower, upper)``, a ball ``norm_bound=B`` (on ``||x||_2``), or a
+        ``Domain`` given as ``bounds``; not both. ``bounds`` may also name a mechanism's own
+        way of choosing them, passed on as its option ``bounds``
         (``"features"``: under label-flip adjacency, the box spanned by the public features).
     client : distributed.Client, optional
         Run the passes over a Dask collection on this cluster (default: Dask's current
@@ -218,13 +220,17 @@ def _fail_artifact(p: Plan, g, opts, src, data, exc: MechanismFailed) -> dict:
     note = ("noise from a ChaCha20 CSPRNG keyed by the operating system" if src.secure else
             "seeded generator: reproducible, for experiments only; not a secure release")
     randomness = RandomnessBlock(secure=src.secure, seed=src.seed, note=note)
-    doc = Release.model_construct(mechanism=p.mechanism, gmm=None, privacy=privacy,
-                                  randomness=randomness, settings=opts.as_dict(),
-                                  options=p.public_options).model_dump(
-        mode="json", exclude={"gmm", "solver"})
-    doc.update(status="FAIL", stage=exc.stage, reason=exc.reason,
-               feature_names=list(data.feature_names))
-    return doc
+    release = Release.model_construct(mechanism=p.mechanism, gmm=None, privacy=privacy,
+                                      randomness=randomness, settings=opts.as_dict(),
+                                      options=p.public_options)
+    doc = FailDocument(
+        schema_version=release.schema_version, library_version=release.library_version,
+        python_version=release.python_version, mechanism=p.mechanism, status="FAIL",
+        stage=exc.stage, reason=exc.reason, feature_names=list(data.feature_names),
+        privacy=privacy, options=p.public_options, settings=opts.as_dict(),
+        randomness=randomness,
+    )
+    return doc.model_dump(mode="json", exclude={"learner", "diagnostics"})
 
 
 def expected_kl(p: Plan, reference, *, n_draws: int = 100, seed=None) -> KLEstimate:

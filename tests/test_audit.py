@@ -246,7 +246,7 @@ class _SumsMechanism(Mechanism):
 
 @pytest.fixture
 def sums_mechanism(monkeypatch):
-    from klrelease.mechanisms import _REGISTRY
+    from klrelease.mechanisms.registry import _REGISTRY
 
     monkeypatch.setitem(_REGISTRY, "test-sums", _SumsMechanism())
     return "test-sums"

@@ -115,9 +115,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from klrelease.mechanisms import register
 from klrelease.mechanisms.baselines.gaussian_iid import GaussianIID
 
 
+@register
 class Toy(GaussianIID):
     name = "toy"
     summary = "gaussian-iid with one extra option, never certified"
@@ -133,26 +135,84 @@ class Toy(GaussianIID):
 """
 
 
-def test_a_new_mechanism_in_one_module_is_listed_and_releases(monkeypatch, tmp_path, iris,
-                                                              capsys):
-    """A mechanism declares its options, relations and certification in one module."""
-    from klrelease.mechanisms import _REGISTRY, register_module
+@pytest.fixture
+def toy_module(monkeypatch, tmp_path):
+    """A mechanism defined in a module outside the library, imported as a user would."""
+    import importlib
+    import sys
+
+    from klrelease.mechanisms import unregister
 
     (tmp_path / "toy_mechanism.py").write_text(TOY_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
+    assert "toy" not in mechanisms()
     try:
-        (toy,) = register_module("toy_mechanism")
-        assert "toy" in mechanisms() and toy.options["loud"] is False
-        with pytest.warns(PrivacyLeakWarning):
-            rel = kr.release(iris, None, epsilon=1, delta=1e-5, mechanism="toy", loud=True)
-        assert not rel.privacy.certified and rel.settings["loud"] is True
-        assert Release.from_json(rel.to_json()).settings["loud"] is True
-        with pytest.raises(ValueError, match="loud"):
-            kr.release(iris, None, epsilon=1, delta=1e-5, mechanism="toy", loud="yes")
-        assert main(["mechanisms", "toy"]) == 0
-        assert "loud" in capsys.readouterr().out
+        yield importlib.import_module("toy_mechanism")
     finally:
-        _REGISTRY.pop("toy", None)
+        unregister("toy")
+        sys.modules.pop("toy_mechanism", None)
+
+
+def test_a_new_mechanism_in_one_module_is_listed_and_releases(toy_module, tmp_path, iris,
+                                                              capsys):
+    """A mechanism registers itself in its own module: importing it is the registration."""
+    assert "toy" in mechanisms() and type(get_mechanism("toy")) is toy_module.Toy
+    assert get_mechanism("toy").options["loud"] is False
+    assert main(["mechanisms"]) == 0
+    assert "toy" in capsys.readouterr().out
+    assert main(["mechanisms", "toy"]) == 0
+    assert "loud" in capsys.readouterr().out
+    # release(): options validated like a built-in mechanism's
+    with pytest.warns(PrivacyLeakWarning):
+        rel = kr.release(iris, None, epsilon=1, delta=1e-5, mechanism="toy", loud=True)
+    assert not rel.privacy.certified and rel.settings["loud"] is True
+    assert Release.from_json(rel.to_json()).settings["loud"] is True
+    for bad in ({"loud": "yes"}, {"loud": 1}, {"louder": True}):
+        with pytest.raises(ValueError, match="loud"):
+            kr.release(iris, None, epsilon=1, delta=1e-5, mechanism="toy", **bad)
+    # the command line: --option parsed from the declaration, bad values exit 2
+    out = tmp_path / "toy.json"
+    args = ["release", "--dataset", "iris", "--epsilon", "1", "--delta", "1e-5",
+            "--mechanism", "toy", "--out", str(out)]
+    assert main([*args, "--option", "loud=maybe"]) == 2 and not out.exists()
+    assert "loud" in capsys.readouterr().err
+    assert main([*args, "--option", "loud=true"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["mechanism"] == "toy" and doc["settings"]["loud"] is True
+    assert doc["privacy"]["certified"] is False
+    assert main(["inspect", str(out)]) == 0
+    assert "toy" in capsys.readouterr().out
+
+
+def test_register_is_idempotent_for_a_class_and_refuses_a_taken_name(toy_module):
+    from klrelease.mechanisms import register
+
+    assert register(toy_module.Toy) is toy_module.Toy  # again: no-op
+    clash = type("Clash", (toy_module.Toy,), {"name": "kl-certified"})
+    with pytest.raises(ValueError, match="already registered"):
+        register(clash)
+    with pytest.raises(TypeError, match="Mechanism"):
+        register(object)
+    assert type(get_mechanism("kl-certified")).__name__ == "KLCertified"
+
+
+def test_mechanisms_of_other_distributions_arrive_by_entry_point(toy_module, monkeypatch):
+    import importlib.metadata
+
+    from klrelease.mechanisms import ENTRY_POINT_GROUP, unregister
+    from klrelease.mechanisms.registry import load_entry_points
+
+    unregister("toy")
+    ep = importlib.metadata.EntryPoint("toy", "toy_mechanism:Toy", ENTRY_POINT_GROUP)
+    seen = []
+
+    def fake_entry_points(*, group):
+        seen.append(group)
+        return [ep] if group == ENTRY_POINT_GROUP else []
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", fake_entry_points)
+    load_entry_points()
+    assert seen == [ENTRY_POINT_GROUP] and "toy" in mechanisms()
 
 
 def test_every_mechanism_of_the_mechanisms_package_is_registered():
@@ -526,3 +586,20 @@ def test_one_generator_of_the_synthetic_setting():
     X2, y2 = gmm_data(300, 2, 4, seed=11)
     for X, y in ((X1, y1), (X2, y2)):
         assert np.array_equal(X, a.X) and np.array_equal(y, a.y)
+
+
+def test_cited_proof_paths_are_the_shipped_files(iris):
+    """Every certified claim cites its proof by path: the file is there, beside the code."""
+    import re
+
+    cited = set()
+    for name in ("kl-certified", "ppe-gaussian"):
+        g = kr.plan(iris, None, epsilon=1.0, delta=1e-5, mechanism=name,
+                    **({"adjacency": "replace-one"} if name == "ppe-gaussian" else {}),
+                    ).guarantee
+        assert g.certified or name == "kl-certified"
+        cited |= set(re.findall(r"klrelease/[\w/]+\.md", " ".join((g.statement, *g.reasons))))
+    assert cited == {"klrelease/mechanisms/kl_certified/kl_certified.md",
+                     "klrelease/mechanisms/ppe_gaussian/ppe_gaussian.md"}
+    for path in cited:
+        assert (ROOT / path).is_file(), path

@@ -183,7 +183,7 @@ def _label_flips(data: LabelledData, max_pairs: int) -> list[Neighbour]:
 
 def _with_rows(data: LabelledData, X: np.ndarray, codes: np.ndarray) -> LabelledData:
     return LabelledData(np.asarray(X, dtype=np.float64), np.asarray(codes, dtype=np.int64),
-                        data.classes, data.bounds, data.norm_bound, data.feature_names)
+                        data.classes, data.domain, data.feature_names)
 
 
 def _record_level(data: LabelledData, relation: Adjacency, max_pairs: int,

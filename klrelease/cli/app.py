@@ -184,14 +184,19 @@ def parse_classes(text: str | None):
 def mechanism_inputs(mechanism, option, lower, upper, norm_bound=None, classes=None):
     """Mechanism options and public inputs from the command line, validated before any data.
 
-    Returns ``(options, bounds, norm_bound, classes)``.
+    Returns ``(options, bounds, classes)``: ``bounds`` is the public
+    :class:`~klrelease.domain.Domain` (a box from ``--lower/--upper``, a ball from
+    ``--norm-bound``), a mechanism's named way of choosing it (``--option bounds=features``),
+    or ``None``.
     """
+    from ..domain import Domain
+
     opts, public = parse_options(mechanism, option)
     if (lower is None) != (upper is None):
         _fail("give both --lower and --upper, or neither")
-    bounds = None
+    box = None
     if lower is not None:
-        bounds = (_parse_floats(lower, "--lower"), _parse_floats(upper, "--upper"))
+        box = (_parse_floats(lower, "--lower"), _parse_floats(upper, "--upper"))
     if "norm_bound" in public:
         if norm_bound is not None:
             _fail("give the norm bound once: --norm-bound or --option norm_bound")
@@ -201,15 +206,23 @@ def mechanism_inputs(mechanism, option, lower, upper, norm_bound=None, classes=N
         if classes is not None:
             _fail("give the classes once: --classes or --option classes")
         classes = public["classes"]
-    if bounds is not None and not mechanism.uses_box:
+    if box is not None and not mechanism.uses_box:
         _fail(f"{mechanism.name} does not use --lower/--upper (a public box); give "
               "--norm-bound for its record-level relations")
+    if box is not None and norm_bound is not None:
+        _fail("give --lower/--upper (a box) or --norm-bound (a ball), not both")
+    try:
+        bounds = Domain.from_public(box, norm_bound)
+    except ValueError as exc:
+        _fail(str(exc))
     mechanism.validate_options(opts)
     if "bounds" in opts:  # a named way of choosing the box (e.g. "features")
-        if bounds is not None:
+        if box is not None:
             _fail("give --lower/--upper or --option bounds=..., not both")
+        if bounds is not None:
+            _fail("give --norm-bound or --option bounds=..., not both")
         bounds = opts.pop("bounds")
-    return opts, bounds, norm_bound, classes
+    return opts, bounds, classes
 
 
 def _load_input(dataset, csv_path, label_column, npz_path, classes=None):

@@ -92,8 +92,7 @@ def audit_command(
         _fail(f"--max-pairs must be >= 1, got {max_pairs}")
     if time_limit < 0:
         _fail(f"--time-limit must be >= 0, got {time_limit}")
-    opts, bounds, norm_bound, classes = mechanism_inputs(mech, option, lower, upper,
-                                                         norm_bound, classes)
+    opts, bounds, classes = mechanism_inputs(mech, option, lower, upper, norm_bound, classes)
     if out is not None:
         check_output(out)
     data = _load_input(dataset, csv, label_column, npz, classes)
@@ -108,7 +107,7 @@ def audit_command(
             bar.update(tasks[stage], completed=done)
 
         report = audit(mech.name, data, epsilon=eps, delta=dlt, bounds=bounds,
-                       norm_bound=norm_bound, neighbouring=neighbouring, n_samples=samples,
+                       neighbouring=neighbouring, n_samples=samples,
                        max_pairs=max_pairs, seed=seed, progress=progress, n_screen=screen_samples,
                        time_limit=time_limit if time_limit > 0 else None, **opts)
 

@@ -84,8 +84,7 @@ def release(
 
     eps, dlt = check_privacy_parameters(epsilon, delta)
     mech = get_mechanism(mechanism)
-    opts, bounds, norm_bound, classes = mechanism_inputs(mech, option, lower, upper,
-                                                         norm_bound, classes)
+    opts, bounds, classes = mechanism_inputs(mech, option, lower, upper, norm_bound, classes)
     if seed is not None and seed < 0:
         _fail(f"--seed must be a non-negative integer, got {seed}")
     check_output(out)
@@ -121,7 +120,7 @@ def release(
         with err_console.status(f"designing {mech.name} ..."):
             try:
                 rel = do_release(data, None, epsilon=eps, delta=dlt, mechanism=mech.name,
-                                 seed=seed, bounds=bounds, norm_bound=norm_bound, **opts)
+                                 seed=seed, bounds=bounds, **opts)
             except MechanismFailed as exc:  # a FAIL output of the mechanism: its artifact
                 with atomic_output(out) as fh:
                     fh.write(exc.to_json())
@@ -201,22 +200,28 @@ def sample(
 
 
 @app.command()
-def inspect(artifact: Annotated[Path, typer.Argument(help="a release artifact (JSON)")]):
-    """Show a readable summary of a release artifact (validated; the claim is recomputed)."""
-    from ..artifact import Release
+def inspect(artifact: Annotated[Path, typer.Argument(
+        help="a release artifact or a FAIL document (JSON)")]):
+    """Show a readable summary of a release artifact or a FAIL document (validated; the
+    claim is recomputed)."""
+    from ..artifact import FailDocument, read_document
 
-    rel = Release.load(artifact)
-    p = rel.privacy
+    rel = read_document(artifact)
+    if isinstance(rel, FailDocument):
+        out_console.print(f"[bold]FAIL[/] from {rel.source}  (no model released)",
+                          highlight=False)
+        _print_privacy(rel.privacy)
+        out_console.print(f"stage: {rel.stage or 'not given'}", highlight=False)
+        out_console.print(f"reason: {rel.reason}", highlight=False)
+        r = rel.randomness
+        out_console.print(f"randomness: {'secure' if r.secure else 'seeded'}"
+                          + (f"; {r.note}" if r.note else ""))
+        if rel.settings:
+            out_console.print("settings: " + json.dumps(rel.settings))
+        return
     out_console.print(f"[bold]{rel.mechanism}[/] release  (klrelease {rel.library_version}, "
                       f"schema {rel.schema_version})")
-    colour = "green" if p.certified else "red"
-    out_console.print(
-        f"privacy: epsilon={p.epsilon:g}, delta={p.delta:g}, neighbours: {p.neighbouring.value}"
-        f", [{colour}]{'certified' if p.certified else 'NOT certified'}[/]"
-    )
-    out_console.print(f"  {p.statement}")
-    for r in p.reasons:
-        out_console.print(f"  - {r}")
+    _print_privacy(rel.privacy)
     g = rel.gmm
     table = Table(title=f"released GMM: {g.n_components} classes, {g.n_features} features")
     table.add_column("class")
@@ -242,6 +247,17 @@ def inspect(artifact: Annotated[Path, typer.Argument(help="a release artifact (J
     out_console.print("settings: " + json.dumps(rel.settings))
     if rel.options:
         out_console.print("options: " + json.dumps(rel.options))
+
+
+def _print_privacy(p) -> None:
+    colour = "green" if p.certified else "red"
+    out_console.print(
+        f"privacy: epsilon={p.epsilon:g}, delta={p.delta:g}, neighbours: {p.neighbouring.value}"
+        f", [{colour}]{'certified' if p.certified else 'NOT certified'}[/]"
+    )
+    out_console.print(f"  {p.statement}")
+    for r in p.reasons:
+        out_console.print(f"  - {r}")
 
 
 @app.command("mechanisms")

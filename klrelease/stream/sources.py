@@ -97,6 +97,14 @@ class Source:
         self.bounds = bounds
         self.norm_bound = norm_bound
 
+    @property
+    def domain(self):
+        """The public bound given with the source (:class:`~klrelease.domain.Domain`), if any.
+        """
+        from ..domain import Domain
+
+        return Domain.from_public(self.bounds, self.norm_bound, self.n_features)
+
     # --------------------------------------------------------------------------- reading
     def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # pragma: no cover
         raise NotImplementedError

@@ -62,6 +62,7 @@ from ...privacy.calibration import gaussian_max_sensitivity
 from ...privacy.guarantee import GaussianCurve
 from ...sampling import GaussianNoise
 from ..base import Guarantee, Mechanism
+from ..registry import register
 from .common import (
     SUPPORTED_ADJACENCIES,
     BaselineOptions,
@@ -122,7 +123,7 @@ def public_mean_noise_cov(common: Common, level: float) -> np.ndarray:
     if dom.kind == "box":
         a = dom.ranges / n
         return np.diag(a * a.sum() / level)
-    return (dom.spread("l2") / n) ** 2 / level * np.eye(dom.d)
+    return (dom.diameter("l2") / n) ** 2 / level * np.eye(dom.d)
 
 
 def _data_mean_noise(common: Common, data, level: float, solver: str):
@@ -148,6 +149,7 @@ def _data_mean_noise(common: Common, data, level: float, solver: str):
     return [np.array(G) / level for G in unit.G1], unit.solver
 
 
+@register
 class ColoredGaussian(Mechanism):
     """Colored Gaussian mean noise (Ravi et al.), designed on the data or on public bounds."""
 

@@ -53,19 +53,20 @@ import numpy as np
 from pydantic import Field, PositiveFloat
 
 from ...data import LabelledData
+from ...domain import Domain
 from ...gmm import GMM
 from ...linalg import unvech, vech
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.projections import project_simplex, round_to_grid
 from ...sensitivity import covariance_trace_bound
-from ...statistics import ClassStatistics, class_statistics, clip_to_bounds, clip_to_norm
+from ...statistics import ClassStatistics, class_statistics
 from ..base import Float, Int, MechanismOptions, Plan
 
 __all__ = [
     "BaselineOptions",
     "COMMON_OPTIONS",
     "DEFAULT_SHARES",
-    "PublicDomain",
+    "default_cov_floor",
     "BlockNoise",
     "IIDPlan",
     "resolve_common",
@@ -104,64 +105,20 @@ COMMON_OPTIONS: dict[str, Any] = BaselineOptions().as_dict()
 SUPPORTED_ADJACENCIES = (Adjacency.LABEL_FLIP, Adjacency.REPLACE_ONE)
 
 
-@dataclass(frozen=True)
-class PublicDomain:
-    """The public set every (clipped) row lies in: a box or a centred Euclidean ball.
-
-    Attributes
-    ----------
-    kind : {"box", "ball"}
-    lower, upper : ndarray of shape (d,) or None
-        The box (``kind == "box"``).
-    radius : float or None
-        The ball ``||x||_2 <= radius`` (``kind == "ball"``).
-    source : str
-        Where it comes from: ``"public bounds"``, ``"public norm bound"`` or ``"features"``.
-    """
-
-    kind: str
-    d: int
-    lower: np.ndarray | None = None
-    upper: np.ndarray | None = None
-    radius: float | None = None
-    source: str = "public bounds"
-
-    @property
-    def ranges(self) -> np.ndarray:
-        """Per-feature ranges of the box that contains the domain."""
-        if self.kind == "box":
-            return self.upper - self.lower
-        return np.full(self.d, 2.0 * self.radius)
-
-    def spread(self, norm: str) -> float:
-        """Diameter of the domain in the L1 or L2 norm (``D_1``, ``D_2``)."""
-        if self.kind == "box":
-            r = self.ranges
-            return float(r.sum() if norm == "l1" else np.linalg.norm(r))
-        return float(2.0 * self.radius * (np.sqrt(self.d) if norm == "l1" else 1.0))
-
-    def clip(self, X: np.ndarray) -> np.ndarray:
-        """Rows moved into the domain (per-record clipping)."""
-        if self.kind == "box":
-            return clip_to_bounds(X, self.lower, self.upper)
-        return clip_to_norm(X, self.radius)
-
-    def default_cov_floor(self) -> float:
-        """A public eigenvalue floor for released covariances: 1e-4 times the mean squared range."""
-        r2 = float(np.mean(self.ranges**2))
-        return COV_FLOOR_FACTOR * r2 if r2 > 0 else 1e-12
+def default_cov_floor(domain: Domain) -> float:
+    """A public eigenvalue floor for released covariances: 1e-4 times the mean squared range."""
+    r2 = float(np.mean(domain.ranges**2))
+    return COV_FLOOR_FACTOR * r2 if r2 > 0 else 1e-12
 
 
 def resolve_domain(data: LabelledData, bounds: Any, adjacency: Adjacency, mechanism: str):
     """Choose the public domain (see the module docstring) or explain what is missing.
 
     ``data`` is a :class:`~klrelease.data.LabelledData` or a chunked
-    :class:`~klrelease.stream.Source` (its public bounds are validated here).
+    :class:`~klrelease.stream.Source` (its public bound is its validated ``domain``).
     """
     from ...stream import Source
 
-    if isinstance(data, Source):
-        data = _source_bounds(data)
     if bounds is not None and bounds != "features":
         raise ValueError(
             f"option bounds of {mechanism} must be None or 'features', got {bounds!r}; pass a "
@@ -174,18 +131,13 @@ def resolve_domain(data: LabelledData, bounds: Any, adjacency: Adjacency, mechan
                 f"label-flip adjacency (features public), not under {adjacency.value!r}: pass "
                 "a public box bounds=(lower, upper) or norm_bound=B"
             )
-        if isinstance(data, _StreamedBounds):
-            lower, upper = data.source.feature_range()
+        if isinstance(data, Source):
+            lower, upper = data.feature_range()
         else:
             lower, upper = data.X.min(axis=0), data.X.max(axis=0)
-        return PublicDomain("box", data.n_features, lower, upper, source="features")
-    if data.bounds is not None:
-        lower, upper = data.bounds
-        return PublicDomain("box", data.n_features, np.asarray(lower, float),
-                            np.asarray(upper, float), source="public bounds")
-    if data.norm_bound is not None:
-        return PublicDomain("ball", data.n_features, radius=float(data.norm_bound),
-                            source="public norm bound")
+        return Domain("box", data.n_features, lower, upper, source="features")
+    if data.domain is not None:
+        return data.domain
     extra = " or, under label-flip adjacency, bounds='features'" \
         if adjacency == Adjacency.LABEL_FLIP else ""
     raise ValueError(
@@ -195,39 +147,16 @@ def resolve_domain(data: LabelledData, bounds: Any, adjacency: Adjacency, mechan
 
 
 @dataclass(frozen=True)
-class _StreamedBounds:
-    """The public bounds of a source, validated as :func:`klrelease.data.as_labelled_data`
-    validates those of arrays."""
-
-    source: Any
-    n_features: int
-    bounds: tuple | None
-    norm_bound: float | None
-
-
-def _source_bounds(source) -> _StreamedBounds:
-    from ...data import _check_bounds
-
-    d = source.n_features
-    nb = source.norm_bound
-    if nb is not None:
-        nb = float(nb)
-        if not np.isfinite(nb) or nb <= 0:
-            raise ValueError(f"norm_bound must be a finite number > 0, got {source.norm_bound!r}")
-    return _StreamedBounds(source, d, _check_bounds(source.bounds, d), nb)
-
-
-@dataclass(frozen=True)
 class _DomainClip:
     """The per-chunk map of a streamed baseline: every row clipped to the public domain."""
 
-    domain: PublicDomain
+    domain: Domain
 
     def __call__(self, rows: np.ndarray, codes: np.ndarray) -> np.ndarray:
         return self.domain.clip(rows)
 
 
-def streamed_statistics(source, domain: PublicDomain | None) -> ClassStatistics:
+def streamed_statistics(source, domain: Domain | None) -> ClassStatistics:
     """Per-class counts, means and unbiased covariances of the rows of a source, each row
     clipped to ``domain`` before it is accumulated (one pass; ``None``: rows as read).
 
@@ -252,7 +181,7 @@ class Common:
     """Resolved common options of a baseline on one dataset."""
 
     adjacency: Adjacency
-    domain: PublicDomain
+    domain: Domain
     n_min: int
     shares: tuple[float, float, float]
     grid_weights: bool
@@ -308,7 +237,7 @@ def resolve_common(data: LabelledData, opts: dict, mechanism: str, *,
 
     floor = opts["covariance_floor"]
     if floor is None:
-        floor = domain.default_cov_floor()
+        floor = default_cov_floor(domain)
     else:
         floor = float(floor)
         if not np.isfinite(floor) or floor <= 0:
@@ -401,7 +330,7 @@ class IIDPlan(Plan):
     """
 
     stats: ClassStatistics = None
-    domain: PublicDomain = None
+    domain: Domain = None
     weight_noise: BlockNoise = None
     mean_noise: Any = None
     cov_noise: BlockNoise = None
@@ -440,7 +369,7 @@ class IIDPlan(Plan):
         covs = np.asarray(output["covariances"], dtype=float)
         covs = 0.5 * (covs + np.swapaxes(covs, -1, -2))
         vals, vecs = np.linalg.eigh(covs)
-        top = covariance_trace_bound(self.domain.spread("l2")) if self.project else np.inf
+        top = covariance_trace_bound(self.domain.diameter("l2")) if self.project else np.inf
         vals = np.clip(vals, self.cov_floor, max(top, self.cov_floor))
         covs = (vecs * vals[..., None, :]) @ np.swapaxes(vecs, -1, -2)
         covs = 0.5 * (covs + np.swapaxes(covs, -1, -2))

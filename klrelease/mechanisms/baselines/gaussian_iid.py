@@ -51,6 +51,7 @@ from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.guarantee import GaussianCurve
 from ...sensitivity import covariances_sensitivity, means_sensitivity, weights_sensitivity
 from ..base import Guarantee, Mechanism
+from ..registry import register
 from .common import (
     SUPPORTED_ADJACENCIES,
     BaselineOptions,
@@ -91,8 +92,8 @@ def block_sensitivities(common: Common, norm: str = "l2") -> tuple[float, float,
     adj = common.adjacency.value
     return (
         weights_sensitivity(N, norm),
-        means_sensitivity(common.n_min, common.domain.spread(norm), norm, adj),
-        covariances_sensitivity(common.n_min, common.domain.spread(norm), norm, adj),
+        means_sensitivity(common.n_min, common.domain.diameter(norm), norm, adj),
+        covariances_sensitivity(common.n_min, common.domain.diameter(norm), norm, adj),
     )
 
 
@@ -113,6 +114,7 @@ def certified_statement(common: Common, epsilon: float, delta: float) -> str:
     )
 
 
+@register
 class GaussianIID(Mechanism):
     """I.i.d. Gaussian noise on all parameters, jointly calibrated; certified."""
 

@@ -51,6 +51,7 @@ from ...data import LabelledData
 from ...privacy.guarantee import PureCurve
 from ...sensitivity import wu_sensitivities
 from ..base import Guarantee, Mechanism
+from ..registry import register
 from .common import (
     SUPPORTED_ADJACENCIES,
     BaselineOptions,
@@ -82,6 +83,7 @@ PAPER_REASONS = (
 )
 
 
+@register
 class LaplaceIID(Mechanism):
     """I.i.d. Laplace noise (Wu et al. 2016): paper constants, or derived label-flip ones."""
 
@@ -108,7 +110,7 @@ class LaplaceIID(Mechanism):
         N = common.stats.n_samples
         e_pi, e_mu, e_S = (s * epsilon for s in common.shares)
         if variant == "paper":
-            radius = common.domain.spread("l1") / 2.0
+            radius = common.domain.diameter("l1") / 2.0
             s_pi, s_mu, s_S = wu_sensitivities(N, K, radius)
             scales = (s_pi / e_pi, s_mu / (e_mu / K), s_S / (e_S / K))
             guarantee = Guarantee(

@@ -44,6 +44,7 @@ from ...data import LabelledData
 from ...sensitivity import mean_removal_bound
 from ...warnings_ import PrivacyLeakWarning
 from ..base import Guarantee, Mechanism
+from ..registry import register
 from .common import (
     SUPPORTED_ADJACENCIES,
     BaselineOptions,
@@ -107,6 +108,7 @@ class RankOneNoise:
         return float(np.sum(per))
 
 
+@register
 class R1SMG(Mechanism):
     """Ji & Li's rank-one Gaussian mean noise, as published; never certified."""
 
@@ -133,7 +135,7 @@ class R1SMG(Mechanism):
         d_pi, _, d_S = block_sensitivities(common, "l2")
         sig_pi, sig_S = joint_gaussian_sigmas((d_pi, d_S), (rho_pi, rho_S),
                                               (1.0 - rho_mu) * epsilon, delta / 2.0)
-        per_class = mean_removal_bound(common.n_min, common.domain.spread("l2"))
+        per_class = mean_removal_bound(common.n_min, common.domain.diameter("l2"))
         sigma2 = r1smg_sigma2(rho_mu * epsilon / 2.0, delta / 4.0, per_class, d)
         guarantee = Guarantee(
             epsilon=epsilon, delta=delta, neighbouring=common.adjacency.value, certified=False,

@@ -34,11 +34,13 @@ from pydantic import Field
 
 from ..._threads import blas_single_thread
 from ...data import LabelledData
+from ...domain import Domain
 from ...gmm import GMM
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...warnings_ import PrivacyLeakWarning
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan, check_options
+from ..registry import register
 from .design import (
     SETTINGS,
     Budget,
@@ -93,17 +95,14 @@ def whitening_frame(centre: np.ndarray, C: np.ndarray) -> Frame:
     return Frame(centre, W, W_inv)
 
 
-def bound_frame(d: int, box, B):
+def bound_frame(domain: Domain):
     """The replace-one frame of a public box or ball, and the map clipping frame rows into it.
     """
-    if box is not None:
-        lo, hi = (np.asarray(b, dtype=float) for b in box)
-        h = (hi - lo) / 2.0
-        return Frame((lo + hi) / 2.0, np.diag(1.0 / h), np.diag(h)), _clip_box
-    B = float(B)
-    if not np.isfinite(B) or B <= 0:
-        raise ValueError(f"norm_bound must be a finite number > 0, got {B!r}")
-    s = np.sqrt(d) / B
+    if domain.kind == "box":
+        h = domain.half_widths
+        return Frame(domain.centre, np.diag(1.0 / h), np.diag(h)), _clip_box
+    d = domain.d
+    s = np.sqrt(d) / domain.radius
     return Frame(np.zeros(d), s * np.eye(d), np.eye(d) / s), _ClipBall(float(np.sqrt(d)))
 
 
@@ -137,29 +136,32 @@ def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool
         C = np.atleast_2d(np.cov(X, rowvar=False)) if X.shape[0] > 1 else np.zeros((d, d))
         frame = whitening_frame(centre, C)
         return frame, frame.to_frame(X), True, "the public features (whitened)"
-    box, B = _public_bound(data.bounds, data.norm_bound, norm_bound, bounds_from_data)
+    domain = _public_bound(data.domain, norm_bound, bounds_from_data, d)
     certified, where = True, "the public bound"
-    if box is None and B is None:
+    if domain is None:
         _warn_bounds_from_data()
         lo, hi = X.min(axis=0), X.max(axis=0)
         span = np.maximum(hi - lo, 1e-12 * np.maximum(1.0, np.abs(lo) + np.abs(hi)))
-        box = (lo, lo + span)
+        domain = Domain("box", d, lo, lo + span, source="features")
         certified, where = False, "the private data (bounds_from_data=True)"
-    frame, clip = bound_frame(d, box, B)
+    frame, clip = bound_frame(domain)
     return frame, clip(frame.to_frame(X)), certified, where
 
 
-def _public_bound(box, data_B, norm_bound, bounds_from_data):
-    B = data_B if norm_bound is None else norm_bound
-    if box is not None and B is not None:
-        raise ValueError("give either bounds= (a box) or norm_bound= (a ball), not both")
-    if box is None and B is None and not bounds_from_data:
+def _public_bound(domain, norm_bound, bounds_from_data, d):
+    """The public domain of a replace-one release: the data's, or the ball of the option
+    ``norm_bound``; ``None`` when the box is to be read from the data."""
+    if norm_bound is not None:
+        if domain is not None and domain.kind == "box":
+            raise ValueError("give either bounds= (a box) or norm_bound= (a ball), not both")
+        domain = Domain.ball(norm_bound, d)
+    if domain is None and not bounds_from_data:
         raise ValueError(
             "kl-certified under replace-one needs a public bound on the features: pass "
             "bounds=(lower, upper) or norm_bound=B (rows are clipped to it); "
             "bounds_from_data=True reads them from the data and voids the guarantee"
         )
-    return box, B
+    return domain
 
 
 def _warn_bounds_from_data():
@@ -294,8 +296,6 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     the row sample that gives the radius R; pass 2 is stage A, which validates every row and
     label before any noise is drawn. Replace-one: stage A only.
     """
-    from ...data import _check_bounds
-
     d = source.n_features
     source.resolve_classes()
     if relation == Adjacency.LABEL_FLIP:
@@ -310,10 +310,8 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
         if bounds_from_data:
             raise ValueError("bounds_from_data=True needs the data in memory; give a public "
                              "bound (bounds= or norm_bound=) for streamed data")
-        box = _check_bounds(source.bounds, d)
-        B = source.norm_bound
-        box, B = _public_bound(box, B, norm_bound, False)
-        frame, clip = bound_frame(d, box, B)
+        domain = _public_bound(source.domain, norm_bound, False, d)
+        frame, clip = bound_frame(domain)
         where, total_scatter = "the public bound", None
         R = float(SETTINGS["box_radius"] * np.sqrt(d))
     counts, sums, total = source.sums(_FrameClip(frame, clip, R))
@@ -426,6 +424,7 @@ def _fallback_gmm(pub: PublicInputs, output: dict, classes) -> GMM:
     return GMM(w, pub.frame.mean_to_raw(m1), covs, classes)
 
 
+@register
 class KLCertified(Mechanism):
     """KL-minimising design on public inputs and released statistics (certified)."""
 

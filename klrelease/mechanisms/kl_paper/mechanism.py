@@ -36,7 +36,6 @@ certified mechanism.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -44,11 +43,13 @@ import numpy as np
 from pydantic import Field
 
 from ...data import LabelledData
+from ...domain import Domain
 from ...gmm import GMM
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...sampling import GaussianNoise, WishartNoise
-from ...statistics import ClassStatistics, class_statistics, clip_to_norm
+from ...statistics import ClassStatistics, class_statistics
 from ..base import Float, Guarantee, Int, Mechanism, MechanismOptions, Plan
+from ..registry import register
 from .alternating import PaperDesign, design_kl_paper
 
 __all__ = ["KLPaper", "KLPaperPlan", "SOLVER_NAMES", "NOT_CERTIFIED_REASONS"]
@@ -158,6 +159,7 @@ class KLPaperPlan(Plan):
         return GMM(counts / counts.sum(), output["means"], covs, self.classes)
 
 
+@register
 class KLPaper(Mechanism):
     """The paper's mechanism (Algorithm 1), reproduced faithfully; not certified."""
 
@@ -180,7 +182,9 @@ class KLPaper(Mechanism):
         streamed = isinstance(data, Source)
         if streamed:
             data.resolve_classes()
-        B = opts["norm_bound"] if opts["norm_bound"] is not None else data.norm_bound
+        domain = (Domain.ball(opts["norm_bound"], data.n_features)
+                  if opts["norm_bound"] is not None else data.domain)
+        B = None if domain is None else domain.norm_bound
         clip = None
         if adjacency != Adjacency.LABEL_FLIP:
             if B is None:
@@ -188,15 +192,11 @@ class KLPaper(Mechanism):
                     f"adjacency {adjacency.value!r} needs a public bound on the row norms: "
                     "pass norm_bound=B (rows are clipped to ||x|| <= B)"
                 )
-            B = float(B)
-            if not np.isfinite(B) or B <= 0:
-                raise ValueError(f"norm_bound must be a finite number > 0, got {B!r}")
-            clip = functools.partial(clip_to_norm, bound=B)
+            clip = domain.clip
         if streamed:  # one pass: statistics of the (clipped) rows; the rows stay in the source
-            from ..baselines.common import PublicDomain, streamed_statistics
+            from ..baselines.common import streamed_statistics
 
-            dom = None if clip is None else PublicDomain("ball", data.n_features, radius=B)
-            stats = streamed_statistics(data, dom)
+            stats = streamed_statistics(data, None if clip is None else domain)
             X, codes = data, None
         else:
             X, codes = data.X, data.codes

@@ -46,6 +46,7 @@ from ...learners.ppe.params import (
 from ...learners.result import MechanismFailed
 from ...neighbours import Adjacency
 from ..base import Float, Guarantee, Int, Mechanism, MechanismOptions, Plan, check_options
+from ..registry import register
 
 
 class PPEGaussianOptions(MechanismOptions):
@@ -97,6 +98,7 @@ class PPEGaussianPlan(Plan):
         return GMM(w, np.asarray(output["means"], float), S, self.classes)
 
 
+@register
 class PPEGaussian(Mechanism):
     """Per-class Gaussians and weights by the Private Populous Estimator; certified."""
 
