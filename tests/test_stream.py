@@ -244,7 +244,9 @@ def test_source_refused_by_in_memory_mechanisms():
                           mechanism="ppe-gaussian")
 
 
-def test_dask_local_cluster_release_equals_in_memory():
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_dask_local_cluster_release_equals_in_memory(processes):
+    """Also with worker processes: every per-row map and merge crosses a process boundary."""
     da = pytest.importorskip("dask.array")
     dd = pytest.importorskip("dask.dataframe")
     distributed = pytest.importorskip("distributed")
@@ -255,8 +257,8 @@ def test_dask_local_cluster_release_equals_in_memory():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = klrelease.release(X, y, **kw)
-        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                      dashboard_address=None) as cluster, \
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1,
+                                      processes=processes, dashboard_address=None) as cluster, \
                 distributed.Client(cluster) as client:
             Xd = da.from_array(X, chunks=(1100, 3))
             yd = da.from_array(y, chunks=1100)
