@@ -60,7 +60,7 @@ def _read_all(src):
 
 def main() -> None:
     import klrelease
-    import klrelease.mechanisms.kl_paper.alternating as alternating
+    from klrelease.mechanisms.kl_paper import alternating
     from klrelease.stream import ArraySource, ParquetSource
 
     ap = argparse.ArgumentParser()
