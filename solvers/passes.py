@@ -56,6 +56,10 @@ BLOCK_ROWS = 1 << 13
 #: Smallest Gram eigenvalue, relative to the largest, of a problem solved here (the rows must
 #: span the feature space; a flatter problem needs the rows in memory, :func:`mean_noise_sdp`).
 GRAM_RANK_TOL = 1e-10
+#: Rows added per active-set round in memory, per dimension (fewer than the in-memory solver's
+#: four: the pools hold most of the final working set, and smaller working sets solve faster;
+#: measured at N = 1e6, d = 10, K = 10: 0.19 s of solves against 0.24 s with four).
+ADD_ROWS_PER_DIM = 2
 #: Relative margin on the bound that certifies the rows left out of a pool (covers the
 #: rounding of their scores).
 BOUND_MARGIN = 1e-9
@@ -285,7 +289,8 @@ class _Problem:
         self.frame = whitened_frame(self.canon) if self.native else balanced_frame(self.canon)
         sol, working, _, rounds = solve_reduced(
             self.frame, self.backend, reduce="active-set", tol=tol, add_tol=add_tol,
-            deadline=deadline, max_iters=max_iters, initial=initial)
+            deadline=deadline, max_iters=max_iters, initial=initial,
+            add_rows=max(ADD_ROWS_PER_DIM * U.shape[1], 8))
         self.sol, self.working, self.x, self.c = sol, working, x, c
         self.rounds += rounds
         self.G = self.canon.to_G(self.frame.to_canonical(sol.H))
