@@ -14,7 +14,7 @@ a benchmark, not a certified release):
   row blocks (in memory, 2 threads) or over the Parquet batches (``release(source,
   mechanism="kl-paper")``).
 
-    nice -n 10 python benchmarks/bench_paper_stream.py --n 1e6
+    nice -n 10 python benchmarks/bench_paper_stream.py --n 1e6 1e7
 
 Prints a markdown table and writes it to ``benchmarks/paper_stream.md``.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import time
 import warnings
 from pathlib import Path
@@ -58,23 +59,19 @@ def _read_all(src):
     return np.concatenate(X), np.concatenate(y)
 
 
-def main() -> None:
+def _run(n: float, cache: Path) -> list[str]:
     import klrelease
-    import klrelease.mechanisms.kl_paper.alternating as alternating
+    from klrelease.mechanisms.kl_paper import alternating
     from klrelease.stream import ArraySource, ParquetSource
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=float, default=1e6)
-    ap.add_argument("--cache", type=Path, default=Path("/tmp/klrelease-bench-stream"))
-    args = ap.parse_args()
-    folder = generate(int(args.n), args.cache)
+    warnings.simplefilter("ignore")  # seeded releases: a benchmark
+    folder = generate(int(n), cache)
     pq_src = ParquetSource(folder, "label", classes=list(range(K)))
     X, y = _read_all(pq_src)
     mem_src = ArraySource(X, y, classes=list(range(K)))
+    rows = []
     passes_solver = alternating.unit_mean_noise
     before_solver = functools.partial(passes_solver, passes=False)
-    rows = []
-    warnings.simplefilter("ignore")
     alternating.unit_mean_noise = before_solver  # imports and caches: not timed
     klrelease.release(X[:50_000], y[:50_000], **KW)
     alternating.unit_mean_noise = passes_solver
@@ -95,14 +92,28 @@ def main() -> None:
         diff = max(float(np.max(np.abs(getattr(a.gmm, k) - getattr(b.gmm, k))
                             / np.max(np.abs(getattr(a.gmm, k)))))
                    for k in ("weights", "means", "covariances"))
-        rows.append(f"| {args.n:.0e} | {path} | {floor:.2f} | {before:.2f} | {after:.2f} | "
+        rows.append(f"| {n:.0e} | {path} | {floor:.2f} | {before:.2f} | {after:.2f} | "
                     f"{before / floor:.1f} | {after / floor:.1f} | {diff:.1e} |")
         print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=float, nargs="+", default=[1e6])
+    ap.add_argument("--cache", type=Path, default=Path("/tmp/klrelease-bench-stream"))
+    args = ap.parse_args()
+    rows = []
+    load = os.getloadavg()[0]
+    for n in args.n:
+        rows += _run(n, args.cache)
     lines = [
         "# kl-paper releases against the floor (d = 10, K = 10, label flip)",
         "",
         "Produced by `nice -n 10 python benchmarks/bench_paper_stream.py --n "
-        f"{args.n:g}` on a shared 2-core machine (one process, one run). floor = one pass "
+        f"{' '.join(f'{n:g}' for n in args.n)}` on a shared 2-core machine (one process, one "
+        f"run; load average {load:.1f} when it started: other work shared the cores). "
+        "floor = one pass "
         "accumulating the per-class moments; before = the mean-noise SDP solved class by "
         "class on the neighbour vectors in memory (from Parquet: files read into arrays "
         "first); after = the constraints of every class scored in passes over the rows or "

@@ -46,8 +46,13 @@ class ClassStatistics:
 
 
 def class_blocks(codes: np.ndarray, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row order that groups the classes, and the block boundaries (length K+1)."""
-    order = np.argsort(codes, kind="stable")
+    """Row order that groups the classes, and the block boundaries (length K+1).
+
+    The codes are sorted in the narrowest unsigned type, where numpy's stable sort is a radix
+    sort (the same order as sorting the codes themselves)."""
+    small = codes.astype(np.uint8 if n_classes <= 256 else np.uint16 if n_classes <= 65536
+                         else np.int64, copy=False)
+    order = np.argsort(small, kind="stable")
     counts = np.bincount(codes, minlength=n_classes)
     bounds = np.concatenate([[0], np.cumsum(counts)])
     return order, bounds

@@ -133,6 +133,7 @@ def solve_reduced(
     deadline: float | None,
     max_iters: int | None = None,
     initial: np.ndarray | None = None,
+    add_rows: int | None = None,
 ):
     """Solve the canonical problem with the requested reduction.
 
@@ -152,6 +153,8 @@ def solve_reduced(
     initial : ndarray of int, optional
         Indices of a starting working set for the active set (e.g. the working set of an
         earlier solve); used when its rows span ``R^r``.
+    add_rows : int, optional
+        Most violated rows added per round (default ``max(4 r, 8)``).
 
     Returns
     -------
@@ -208,7 +211,7 @@ def solve_reduced(
     in_working = np.zeros(n, dtype=bool)
     in_working[working] = True
     w_prev = None
-    k_add = max(4 * r, 8)
+    k_add = max(4 * r, 8) if add_rows is None else max(int(add_rows), 1)
     ref_H = ref_scores = None  # scores of every row for the matrix ref_H (screening)
     while True:
         rounds += 1

@@ -197,3 +197,31 @@ def test_cli_release_csv_errors_as_in_memory_without_values(tmp_path, monkeypatc
     assert str(mem.value) in " ".join(err.split())
     assert "secret42" not in err and "7.25" not in err
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("pool,n_passes", [(40, None), (400, 1), (3000, 1)])
+def test_a_pool_that_bounds_the_other_rows_certifies_without_another_pass(pool, n_passes):
+    # the first pass ranks the rows; when its pool's smallest score bounds every row left out
+    # (after the change of quadratic form), the solution on the pool is proven feasible for
+    # all rows without a pass that scores them against it. A small pool needs more passes,
+    # and the certificate stays the largest score over every row.
+    X, y = _data(n=30_000, d=5, offset=1e3, sort=False)
+    st, A, rows, gram = _problems(X, y, 3)
+    for data in (MemoryRows(X, y, block_rows=3001),
+                 ArraySource(X, y, classes=CLASSES, chunk_rows=4099)):
+        passes = []
+        scan = data.scan
+        data.scan = lambda *a, scan=scan, passes=passes: passes.append(1) or scan(*a)
+        res = solve_affine(A, rows, gram, data, pool=pool, origin=X.mean(0))
+        if n_passes is None:
+            assert len(passes) >= 3
+        else:
+            assert len(passes) == n_passes
+        for k in range(3):
+            V = class_neighbour_vectors(X, y, k, st.means[k], int(st.counts[k]))
+            ref = solvers.mean_noise_sdp(A[k], V, solver="native")
+            # the certificate is the largest score over every row, not only the pooled ones
+            assert res[k].backend_violation == pytest.approx(
+                solvers.max_violation(res[k].G, V), abs=1e-12)
+            assert solvers.max_violation(res[k].G, V) <= 1e-9
+            np.testing.assert_allclose(res[k].objective, ref.objective, rtol=1e-6)

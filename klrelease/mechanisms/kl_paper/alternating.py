@@ -23,7 +23,13 @@ import numpy as np
 from ...neighbours import Adjacency, neighbour_counts
 from ...statistics import ClassStatistics
 from .mean_noise import SolverReport, unit_mean_noise
-from .objective import class_terms, design_objective, g_values, wishart_constant
+from .objective import (
+    class_terms,
+    design_objective,
+    g_values,
+    uniform_xlogx,
+    wishart_constant,
+)
 from .weight_mapping import WeightMapping, mapping_column
 from .wishart_scale import wishart_cost, wishart_scale
 
@@ -104,6 +110,7 @@ def design_kl_paper(
     col_sum = None
     prev = np.inf
     iterations = 0
+    xlogx = uniform_xlogx(N, K) if has_weights and lam > 0 else None  # O(N): once
     for _ in range(max_iter):
         iterations += 1
         gamma = wishart_scale(d, tr_sinv, counts, epsilon - eps0 - eps_k)
@@ -114,7 +121,8 @@ def design_kl_paper(
             eps0 = epsilon - float(np.max(eps_k + wishart_cost(gamma, counts)))
             g = g_values(support_w, pi, h)
             probs, col_sum = mapping_column(g, eps0, nbr.shape[0])
-            obj = design_objective(probs, support_w, pi, h, lam=lam, N=N, d=d)
+            obj = design_objective(probs, support_w, pi, h, lam=lam, N=N, d=d,
+                                   xlogx=xlogx)
         else:
             obj = float(np.sum(pi * h)) - wishart_constant(d)
         trace.append(obj)

@@ -27,6 +27,7 @@ __all__ = [
     "class_terms",
     "g_values",
     "uniform_expected_g",
+    "uniform_xlogx",
     "design_objective",
     "log_num_compositions",
 ]
@@ -61,18 +62,28 @@ def log_num_compositions(N: int, K: int) -> float:
     return float(gammaln(N) - gammaln(K) - gammaln(N - K + 1))
 
 
-def uniform_expected_g(N: int, pi: np.ndarray, h: np.ndarray) -> float:
-    """E[g(pi~)] for pi~ uniform over S (the compositions of N into K positive parts)."""
+def uniform_expected_g(N: int, pi: np.ndarray, h: np.ndarray, *,
+                       xlogx: float | None = None) -> float:
+    """E[g(pi~)] for pi~ uniform over S (the compositions of N into K positive parts).
+
+    ``xlogx``: :func:`uniform_xlogx` ``(N, K)`` if already known (it costs O(N)).
+    """
     K = pi.shape[0]
     if K == 1:
         return float(h[0])
+    if xlogx is None:
+        xlogx = uniform_xlogx(N, K)
+    # E[pi~_k] = 1/K for every k by symmetry.
+    return K * xlogx + float(np.sum((h - np.log(pi)) / K))
+
+
+def uniform_xlogx(N: int, K: int) -> float:
+    """E[x ln x] for one part ``x = m / N`` of a composition uniform over S (O(N) terms)."""
     m = np.arange(1, N - K + 2)
     logp = gammaln(N - m) - gammaln(K - 1) - gammaln(N - m - K + 2) - log_num_compositions(N, K)
     p = np.exp(logp)
     x = m / N
-    e_xlogx = float(np.sum(p * x * np.log(x)))
-    # E[pi~_k] = 1/K for every k by symmetry.
-    return K * e_xlogx + float(np.sum((h - np.log(pi)) / K))
+    return float(np.sum(p * x * np.log(x)))
 
 
 def design_objective(
@@ -84,6 +95,7 @@ def design_objective(
     lam: float,
     N: int,
     d: int,
+    xlogx: float | None = None,
 ) -> float:
     """Objective (12) for the smoothed PMF f = (1 - lam) f' + lam / |S|.
 
@@ -94,7 +106,9 @@ def design_objective(
     pi : (K,) the non-private weights.
     h : (K,) the class terms (see :func:`class_terms`).
     lam : smoothing weight lambda.
+    xlogx : :func:`uniform_xlogx` ``(N, K)``, if already known (it does not change across
+        the iterations of the design).
     """
     main = float(np.dot(probs, g_values(support_weights, pi, h)))
-    smooth = uniform_expected_g(N, pi, h) if lam > 0 else 0.0
+    smooth = uniform_expected_g(N, pi, h, xlogx=xlogx) if lam > 0 else 0.0
     return (1.0 - lam) * main + lam * smooth - wishart_constant(d)
