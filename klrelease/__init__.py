@@ -26,7 +26,8 @@ from .data import LabelledData, as_labelled_data, load_dataset
 from .estimator import GMMReleaser
 from .gmm import GMM, fit_gmm
 from .kl import KLEstimate, gaussian_kl, kl_divergence
-from .mechanisms import get_mechanism, mechanisms
+from .mechanisms import get_mechanism
+from .mechanisms import mechanisms as list_mechanisms
 from .privacy.guarantee import BudgetAccountant, BudgetExceeded, Guarantee
 from .release import expected_kl, plan, release
 
@@ -49,7 +50,7 @@ __all__ = [
     "get_mechanism",
     "kl_divergence",
     "load_dataset",
-    "mechanisms",
+    "list_mechanisms",
     "plan",
     "plot",
     "release",

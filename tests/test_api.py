@@ -7,7 +7,11 @@ import klrelease as kr
 
 
 def test_public_names():
-    assert "kl-paper" in kr.mechanisms()
+    assert "kl-paper" in kr.list_mechanisms()
+    # the subpackage is not shadowed by a function of the same name
+    import klrelease.mechanisms.kl_paper.alternating as alternating
+
+    assert kr.mechanisms.kl_paper.alternating is alternating
     for name in ("fit_gmm", "release", "mechanisms", "kl_divergence", "GMM", "Release"):
         assert hasattr(kr, name)
 

@@ -220,7 +220,7 @@ def test_every_mechanism_of_the_mechanisms_package_is_registered():
     import pkgutil
     from importlib import import_module
 
-    pkg = import_module("klrelease.mechanisms")  # the attribute is the function mechanisms()
+    pkg = import_module("klrelease.mechanisms")
 
     defined = set()
     for info in pkgutil.walk_packages(pkg.__path__, prefix="klrelease.mechanisms."):

@@ -164,7 +164,7 @@ def test_record_level_run_uses_the_clipping_bound(quick_runs):
 
 
 def test_broken_baseline_warning_is_recorded(quick_runs):
-    if "r1smg" not in klrelease.mechanisms():
+    if "r1smg" not in klrelease.list_mechanisms():
         pytest.skip("r1smg is not registered")
     out, _ = quick_runs
     meta = json.loads((out / "fig2" / "fig2.json").read_text())
