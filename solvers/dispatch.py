@@ -197,8 +197,8 @@ def _solve_with(
         raise SolverFailed(
             backend.name,
             "infeasible result",
-            f"the solution violates a constraint by {worst:.2e} (relative), above "
-            f"{FEASIBILITY_TOL:.0e}",
+            f"the solution violates a constraint by more than {FEASIBILITY_TOL:.0e} "
+            "(relative)",
         )
     violation = worst
     if worst > 0:

@@ -402,7 +402,7 @@ def solve_affine(A: np.ndarray, rows: AffineRows, gram: np.ndarray, data, *,
             break
         if passes > MAX_ROUNDS:
             raise SolverFailed(solver, "active set not converged",
-                               f"still violated after {passes} passes")
+                               f"still violated after {MAX_ROUNDS} passes")
         forms = [p.first_scorer() if p.sol is None else p.scorer() for p in live]
         beta = np.stack([_quadratic_coefficients(W, p.centre - origin)
                          for p, W in zip(live, forms, strict=True)])
@@ -435,8 +435,8 @@ def solve_affine(A: np.ndarray, rows: AffineRows, gram: np.ndarray, data, *,
         worst = best[p.j]
         if not worst <= FEASIBILITY_TOL:
             raise SolverFailed(solver, "infeasible result",
-                               f"the solution violates a constraint by {worst:.2e} (relative), "
-                               f"above {FEASIBILITY_TOL:.0e}")
+                               f"the solution violates a constraint by more than "
+                               f"{FEASIBILITY_TOL:.0e} (relative)")
         G, H = p.G, p.sol.H
         if worst > 0:
             G, H = G * (1.0 + worst), H * (1.0 + worst)

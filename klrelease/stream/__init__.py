@@ -7,7 +7,7 @@
   :class:`ParquetSource` and :class:`CSVSource` (pyarrow), :class:`DaskSource` (Dask arrays
   and dataframes, on a ``distributed`` cluster). Each runs passes ``Source.moments(f)``.
 * :func:`sample_rows` / :class:`RowSample`: a fixed-size sample of rows chosen by their
-  values, the same however the rows are read (for public features).
+  index, the same however the rows are read (for public features).
 
 ``klrelease.release`` accepts a source (or a Dask collection) as ``X`` for the mechanisms that
 stream: those that need only these statistics (``kl-certified``, ``gaussian-iid``,
@@ -22,7 +22,6 @@ from .moments import (
     ClassMoments,
     RowMap,
     chunk_moments,
-    class_order,
     class_sums,
     per_class,
     pooled_moments,
@@ -45,7 +44,6 @@ __all__ = [
     "chunk_moments",
     "class_sums",
     "pooled_moments",
-    "class_order",
     "per_class",
     "RowSample",
     "sample_rows",

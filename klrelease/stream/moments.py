@@ -23,24 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ClassMoments", "chunk_moments", "class_sums", "pooled_moments", "class_order",
-           "per_class", "RowMap"]
+from ..statistics import class_blocks
+
+__all__ = ["ClassMoments", "chunk_moments", "class_sums", "pooled_moments", "per_class",
+           "RowMap"]
 
 #: A per-row map applied before accumulation: ``f(rows, codes) -> rows`` (same row count).
 RowMap = Callable[[np.ndarray, np.ndarray], np.ndarray]
-
-
-def class_order(codes: np.ndarray, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """A stable order grouping the classes and the K + 1 block boundaries.
-
-    Codes are sorted in the narrowest unsigned type, so numpy's stable sort is a radix sort
-    (linear in the number of rows).
-    """
-    small = codes.astype(np.uint8 if n_classes <= 256 else np.uint16 if n_classes <= 65536
-                         else np.int64, copy=False)
-    order = np.argsort(small, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=n_classes))])
-    return order, bounds
 
 
 def per_class(fn: Callable[[np.ndarray, int], np.ndarray]) -> RowMap:
@@ -104,20 +93,6 @@ class ClassMoments:
         scat = self.scatters + other.scatters + w * (delta[:, :, None] * delta[:, None, :])
         return ClassMoments(n, means, scat)
 
-    def pooled(self) -> tuple[float, np.ndarray, np.ndarray]:
-        """Count, mean and centred scatter of all rows (classes merged in order)."""
-        n, m, s = 0.0, np.zeros(self.means.shape[1]), np.zeros(self.scatters.shape[1:])
-        for k in range(self.n_classes):
-            nb = self.counts[k]
-            if nb == 0:
-                continue
-            tot = n + nb
-            delta = self.means[k] - m
-            m = m + delta * (nb / tot)
-            s = s + self.scatters[k] + (n * nb / tot) * np.outer(delta, delta)
-            n = tot
-        return n, m, s
-
     @staticmethod
     def merge_all(parts: Iterable[ClassMoments], n_classes: int,
                   n_features: int) -> ClassMoments:
@@ -132,7 +107,7 @@ def chunk_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
                   f: RowMap | None = None) -> ClassMoments:
     """The moments of one chunk, after the row map ``f`` (called on one class at a time)."""
     rows = np.asarray(rows, dtype=np.float64)
-    order, bounds = class_order(codes, n_classes)
+    order, bounds = class_blocks(codes, n_classes)
     counts = np.diff(bounds).astype(float)
     sorted_rows = rows[order]
     sorted_codes = codes[order]

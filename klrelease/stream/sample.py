@@ -1,22 +1,23 @@
-"""A fixed-size sample of rows chosen by their values: the same rows however they are read.
+"""A fixed-size sample of rows chosen by their index: the same rows however they are read.
 
-Each row gets a 64-bit priority, a hash of the bits of its float64 values (every word folded
-in by xor-multiply-shift, then splitmix64's finaliser); the sample is the ``size`` rows of
-lowest priority (all rows when there are at most ``size``). It depends on the multiset of
-rows only: not on their order, the chunking or the partitioning, so in-memory, streamed and
-Dask reads select the same values, and a sample of ``size`` rows is one bounded-memory pass
-(keep the lowest priorities of each chunk, merge). Rows with equal priority have equal
-values (up to a 2^-64 collision), so ties do not change which values are kept.
+Row ``i`` (its position in the data, counted from 0) gets the priority ``h(i)``, a fixed
+bijection of 64-bit integers (splitmix64's finaliser of ``i`` times an odd constant), and the
+sample is the ``size`` rows of lowest priority (all rows when there are at most ``size``).
+Priorities are distinct, so the sample is a set of row indices that depends on ``N`` only:
+not on the values (so changing the units of a feature keeps the same rows, and repeated values
+are sampled like any other), not on the chunking or the partitioning (so in-memory, streamed
+and Dask reads select the same rows), and it is one bounded-memory pass (keep the lowest
+priorities of each chunk, merge).
 
-It is a function of the features alone, for public features only (label flip): the rows it
-keeps are values of the data.
+The rows it keeps are values of the data: it is for public features only (label flip), where
+the order of the rows is public too.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RowSample", "row_priorities", "sample_rows", "SAMPLE_ROWS"]
+__all__ = ["RowSample", "row_priorities", "sample_indices", "sample_rows", "SAMPLE_ROWS"]
 
 #: Rows kept by the sample (a public constant: 2^16, about 5 MB at d = 10).
 SAMPLE_ROWS = 1 << 16
@@ -26,25 +27,14 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser (wrapping uint64 arithmetic)."""
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
-
-def row_priorities(X: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each row's float64 values (``-0.0`` read as ``0.0``): each word
-    folded in by xor, a multiplication by a fixed odd constant and a shift, then splitmix64's
-    finaliser."""
-    X = np.ascontiguousarray(X, dtype=np.float64) + 0.0  # -0.0 + 0.0 == +0.0
-    words = X.view(np.uint64)
+def row_priorities(offset: int, n: int) -> np.ndarray:
+    """The priorities of rows ``offset .. offset + n - 1`` (distinct for distinct rows)."""
+    z = np.arange(offset, offset + n, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        h = np.full(X.shape[0], np.uint64(X.shape[1]), dtype=np.uint64)
-        for j in range(X.shape[1]):
-            h = (h ^ words[:, j]) * _mix(np.uint64(j + 1) * _GOLDEN)
-            h ^= h >> np.uint64(29)
-    return _mix(h)
+        z = z * _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
 
 
 class RowSample:
@@ -56,9 +46,11 @@ class RowSample:
         self.size, self.priorities, self.rows = int(size), priorities, rows
 
     @classmethod
-    def of(cls, X: np.ndarray, size: int | None = None) -> RowSample:
+    def of(cls, X: np.ndarray, offset: int, size: int | None = None) -> RowSample:
+        """The sample of the rows ``X``, the first of which is row ``offset`` of the data."""
         X = np.asarray(X, dtype=np.float64)
-        return cls(SAMPLE_ROWS if size is None else size, row_priorities(X), X).trim()
+        return cls(SAMPLE_ROWS if size is None else size,
+                   row_priorities(offset, X.shape[0]), X).trim()
 
     def trim(self) -> RowSample:
         if self.rows.shape[0] > self.size:
@@ -71,14 +63,21 @@ class RowSample:
                          np.concatenate([self.rows, other.rows])).trim()
 
     def values(self) -> np.ndarray:
-        """The kept rows in priority order (equal priorities hold equal rows)."""
-        return self.rows[np.argsort(self.priorities, kind="stable")]
+        """The kept rows in priority order."""
+        return self.rows[np.argsort(self.priorities)]
+
+
+def sample_indices(n: int, size: int | None = None) -> np.ndarray:
+    """The indices of the sampled rows of ``n`` rows, in priority order."""
+    size = SAMPLE_ROWS if size is None else int(size)
+    p = row_priorities(0, n)
+    if n <= size:
+        return np.argsort(p)
+    keep = np.argpartition(p, size - 1)[:size]
+    return keep[np.argsort(p[keep])]
 
 
 def sample_rows(X: np.ndarray, size: int | None = None) -> np.ndarray:
-    """The sample of the rows of ``X`` in memory (what a streamed pass would keep)."""
-    X = np.asarray(X, dtype=np.float64)
-    size = SAMPLE_ROWS if size is None else int(size)
-    if X.shape[0] <= size:
-        return X
-    return RowSample.of(X, size).values()
+    """The sample of the rows of ``X`` in memory (what a streamed pass keeps), in priority
+    order."""
+    return np.asarray(X)[sample_indices(np.asarray(X).shape[0], size)]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv as _csv
 import glob
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,10 @@ NONFINITE = "X contains NaN or infinite values"
 
 
 def _features(X) -> np.ndarray:
-    X = np.asarray(X, dtype=np.float64)
+    try:
+        X = np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError):  # numpy's message quotes the value
+        raise ValueError("every feature must be numeric") from None
     if X.ndim != 2:
         raise ValueError("every chunk of X must be two-dimensional (rows, features)")
     if not np.all(np.isfinite(X)):
@@ -109,11 +113,14 @@ class Source:
     def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # pragma: no cover
         raise NotImplementedError
 
-    def reduce(self, fn: Callable, merge: Callable, initial):
-        """Apply ``fn(X, y)`` to every chunk and merge the results in chunk order."""
-        acc = initial
+    def reduce(self, fn: Callable, merge: Callable, initial, *, indexed: bool = False):
+        """Apply ``fn(X, y)`` to every chunk and merge the results in chunk order
+        (``indexed=True``: ``fn(X, y, offset)``, ``offset`` the index of the chunk's first row).
+        """
+        acc, offset = initial, 0
         for X, y in self.chunks():
-            acc = merge(acc, fn(X, y))
+            acc = merge(acc, fn(X, y, offset) if indexed else fn(X, y))
+            offset += len(y)
         return acc
 
     # ---------------------------------------------------------------------------- passes
@@ -133,18 +140,8 @@ class Source:
         """One pass: ``fn(X, codes)`` on every chunk (validated, labels as class codes), the
         results merged in chunk order. The interface of
         :class:`klrelease.solvers.passes.MemoryRows`."""
-        classes = self.resolve_classes()
-        d = self.n_features
-
-        def part(X, y):  # shipped to workers: refers to no source object
-            X = _features(X)
-            if X.shape[1] != d:
-                raise ValueError("every chunk must have the same number of feature columns")
-            if len(y) != X.shape[0]:
-                raise ValueError("X and y must have the same number of rows")
-            return fn(X, _labels(y, classes))
-
-        return self.reduce(part, merge, initial)
+        return self.reduce(_Validated(fn, self.n_features, self.resolve_classes()), merge,
+                           initial)
 
     @property
     def n_classes(self) -> int:
@@ -156,19 +153,7 @@ class Source:
 
         Every chunk is validated as in :meth:`moments`.
         """
-        classes = self.resolve_classes()
-        d = self.n_features
-
-        def part(X, y):
-            X = _features(X)
-            if X.shape[1] != d:
-                raise ValueError("every chunk must have the same number of feature columns")
-            _labels(y, classes)
-            if X.shape[0] == 0:
-                return None
-            return X.min(axis=0), X.max(axis=0)
-
-        out = self.reduce(part, _merge_range, None)
+        out = self.scan(_chunk_range, _merge_range, None)
         if out is None:
             raise ValueError("the data has no rows")
         return out
@@ -178,53 +163,85 @@ class Source:
 
         Every chunk is validated (finite features, declared labels) before ``f`` sees it.
         """
-        classes = self.resolve_classes()
-        K, d = len(classes), self.n_features
-
-        def part(X, y):  # shipped to workers: refers to no source object
-            X = _features(X)
-            if X.shape[1] != d:
-                raise ValueError("every chunk must have the same number of feature columns")
-            if len(y) != X.shape[0]:
-                raise ValueError("X and y must have the same number of rows")
-            return chunk_moments(X, _labels(y, classes), K, f)
-
-        return self.reduce(part, _merge_moments, None)
+        return self.scan(_ChunkMoments(len(self.resolve_classes()), f), _merge_moments, None)
 
     def pooled_and_sample(self, size: int | None = None) -> tuple[ClassMoments, np.ndarray]:
         """One pass over the features (labels are not read): the count, mean and centred
         scatter of all rows (as one class), and the :mod:`~klrelease.stream.sample` of
         ``size`` rows (default :data:`~klrelease.stream.sample.SAMPLE_ROWS`) chosen by their
-        values. For public features only (label flip)."""
+        index. For public features only (label flip)."""
         self.resolve_classes()
-        d = self.n_features
-
-        def part(X, y):
-            X = _features(X)
-            if X.shape[1] != d:
-                raise ValueError("every chunk must have the same number of feature columns")
-            return pooled_moments(X), RowSample.of(X, size)
-
-        m, s = self.reduce(part, _merge_pairs, None)
+        m, s = self.reduce(_PooledSample(self.n_features, size), _merge_pairs, None,
+                           indexed=True)
         return m, s.values()
 
     def sums(self, g: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, ...]:
         """One pass: per-class counts (K,) and sums (K, d') of ``g(X)``, a map of each row
         that does not depend on its class, and the sum over all rows (d',) taken in row order,
         so that it reads no label. Validates every chunk like :meth:`moments`."""
-        classes = self.resolve_classes()
-        K, d = len(classes), self.n_features
+        return self.scan(_ChunkSums(len(self.resolve_classes()), g), _add_tuples, None)
 
-        def part(X, y):
-            X = _features(X)
-            if X.shape[1] != d:
-                raise ValueError("every chunk must have the same number of feature columns")
-            if len(y) != X.shape[0]:
-                raise ValueError("X and y must have the same number of rows")
-            U = np.asarray(g(X), dtype=np.float64)
-            return (*class_sums(U, _labels(y, classes), K), U.sum(axis=0))
 
-        return self.reduce(part, _add_tuples, None)
+# ------------------------------------------------------------ per-chunk work (shipped to
+# workers: plain data, no source object)
+
+
+def _chunk(X, y, d: int, classes: tuple | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """A validated chunk: float64 features of width ``d`` and (unless ``classes`` is None)
+    labels as class codes. Messages name the rule, never a value."""
+    X = _features(X)
+    if X.shape[1] != d:
+        raise ValueError("every chunk must have the same number of feature columns")
+    if classes is None:
+        return X, None
+    if len(y) != X.shape[0]:
+        raise ValueError("X and y must have the same number of rows")
+    return X, _labels(y, classes)
+
+
+@dataclass(frozen=True)
+class _Validated:
+    """``fn(X, codes)`` of a validated chunk."""
+
+    fn: Callable
+    d: int
+    classes: tuple
+
+    def __call__(self, X, y):
+        return self.fn(*_chunk(X, y, self.d, self.classes))
+
+
+def _chunk_range(X, codes):
+    return None if X.shape[0] == 0 else (X.min(axis=0), X.max(axis=0))
+
+
+@dataclass(frozen=True)
+class _ChunkMoments:
+    n_classes: int
+    f: RowMap | None
+
+    def __call__(self, X, codes):
+        return chunk_moments(X, codes, self.n_classes, self.f)
+
+
+@dataclass(frozen=True)
+class _ChunkSums:
+    n_classes: int
+    g: Callable
+
+    def __call__(self, X, codes):
+        U = np.asarray(self.g(X), dtype=np.float64)
+        return (*class_sums(U, codes, self.n_classes), U.sum(axis=0))
+
+
+@dataclass(frozen=True)
+class _PooledSample:
+    d: int
+    size: int | None
+
+    def __call__(self, X, y, offset):
+        X = _chunk(X, y, self.d, None)[0]
+        return pooled_moments(X), RowSample.of(X, offset, self.size)
 
 
 def _merge_moments(a, b):
@@ -239,10 +256,6 @@ def _merge_range(a, b):
     if a is None or b is None:
         return b if a is None else a
     return np.minimum(a[0], b[0]), np.maximum(a[1], b[1])
-
-
-def _add(a, b):
-    return a + b
 
 
 def _add_tuples(a, b):
@@ -455,12 +468,17 @@ def is_dask_collection(obj) -> bool:
     return bool(isd(obj))
 
 
-def _run_part(fn, X, y):
-    return fn(X, y)
+def _run_part(fn, X, y, offset=None):
+    return fn(X, y) if offset is None else fn(X, y, offset)
 
 
-def _frame_part(fn, df, features, label_column):
-    return fn(df[list(features)].to_numpy(dtype=np.float64), df[label_column].to_numpy())
+def _frame_part(fn, df, features, label_column, offset=None):
+    try:
+        X = df[list(features)].to_numpy(dtype=np.float64)
+    except (TypeError, ValueError):  # pandas' message quotes the value
+        raise ValueError("every feature must be numeric") from None
+    y = df[label_column].to_numpy()
+    return fn(X, y) if offset is None else fn(X, y, offset)
 
 
 class DaskSource(Source):
@@ -503,26 +521,44 @@ class DaskSource(Source):
         self.n_features = X.shape[1]
         self.feature_names = tuple(f"x{i}" for i in range(self.n_features))
 
-    def _parts(self, fn):
+    def _offsets(self) -> list[int]:
+        """The index of every partition's first row (a dataframe's partition lengths are
+        computed once)."""
+        if self.kind == "frame":
+            if getattr(self, "_lengths", None) is None:
+                lens = self.X.map_partitions(len)
+                self._lengths = [int(v) for v in (
+                    self.client.compute(lens).result() if self.client is not None
+                    else lens.compute())]
+            lengths = self._lengths
+        else:
+            lengths = list(self.X.chunks[0])
+        return [int(v) for v in np.concatenate([[0], np.cumsum(lengths)[:-1]])]
+
+    def _parts(self, fn, indexed: bool = False):
         import dask
 
+        offsets = self._offsets() if indexed else None
         if self.kind == "frame":
             task = dask.delayed(_frame_part, pure=True)
-            return [task(fn, p, self.feature_names, self.label_column)
-                    for p in self.X.to_delayed()]
+            parts = list(self.X.to_delayed())
+            return [task(fn, p, self.feature_names, self.label_column,
+                         None if offsets is None else offsets[i])
+                    for i, p in enumerate(parts)]
         task = dask.delayed(_run_part, pure=True)
         xs = self.X.to_delayed().ravel()
         ys = self.y.to_delayed().ravel()
-        return [task(fn, a, b) for a, b in zip(xs, ys, strict=True)]
+        return [task(fn, a, b, None if offsets is None else offsets[i])
+                for i, (a, b) in enumerate(zip(xs, ys, strict=True))]
 
     def chunks(self):  # local fallback (one partition at a time on the driver)
         for part in self._parts(lambda X, y: (np.asarray(X), np.asarray(y))):
             yield part.compute(scheduler="sync")
 
-    def reduce(self, fn, merge, initial):
+    def reduce(self, fn, merge, initial, *, indexed: bool = False):
         import dask
 
-        parts = self._parts(fn)
+        parts = self._parts(fn, indexed)
         if not parts:
             return initial
         # merge pairwise on the workers (a tree): the driver receives one result per pass

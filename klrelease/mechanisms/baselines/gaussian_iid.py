@@ -1,6 +1,6 @@
 """``"gaussian-iid"``: i.i.d. Gaussian noise on weights, means and covariances (certified).
 
-Mechanism. Rows are clipped to a public domain (box or ball; see :mod:`._iid`), the class
+Mechanism. Rows are clipped to a public domain (box or ball; see :mod:`.common`), the class
 statistics (pi, mu_k, Sigma_k) are computed, and independent noise is added to every entry:
 ``N(0, sigma_pi^2)`` on each weight, ``N(0, sigma_mu^2)`` on each mean coordinate,
 ``N(0, sigma_S^2)`` on each upper-triangle entry of each covariance (mirrored). The output is

@@ -60,7 +60,7 @@ SETTINGS = {
     # label flip: share of mu^2 for counts, stage-A sums; replace-one adds the pooled scatter
     "label-flip": {"counts": 0.09, "sums": 0.21, "scatter": 0.0},
     "replace-one": {"counts": 0.10, "sums": 0.24, "scatter": 0.06},
-    "radius_quantile": 0.9,  # label flip: stage-A radius = this quantile of the public row norms
+    "radius_quantile": 0.9,  # label flip: stage-A radius = this quantile of the row-sample norms
     "box_radius": 0.6,  # replace-one: stage-A radius = this x sqrt(d) in the bound's frame
     "region_level": 0.95,  # stage-C radius^2 = chi2_d quantile at this level
     "count_floor": 2.0,  # released counts used as divisors are >= this x their noise sd

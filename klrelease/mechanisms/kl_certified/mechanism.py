@@ -270,15 +270,6 @@ class _RegionClip:
         return clip_ball((T - self.centres[k]) @ self.W[k], self.radius)
 
 
-@dataclass(frozen=True)
-class _Clip:
-    """Stage A's map: ``clip_R(t)``."""
-
-    radius: float
-
-    def __call__(self, T: np.ndarray, k: int) -> np.ndarray:
-        return clip_ball(T, self.radius)
-
 
 def sample_radius(frame: Frame, sample: np.ndarray) -> float:
     """Label flip: the stage-A radius, the ``radius_quantile`` of the frame norms of the row
@@ -356,14 +347,22 @@ class KLCertifiedPlan(Plan):
             "counts": self.counts + rng.standard_normal(K) * pub.count_sd,
             "sums": self.sums + rng.standard_normal((K, d)) * pub.sums_sd,
         }
-        if not pub.label_flip:
-            from .design import centres
+        try:
+            if not pub.label_flip:
+                from .design import centres
 
-            m1 = centres(pub, out["counts"], out["sums"])[1]
-            out["scatter"] = self._stage_b(m1) + symmetric_gaussian(
-                rng, np.asarray(pub.scatter_sd), d)
-        design = stage_c_design(pub, out)
-        S1, S2 = self._stage_c(design)
+                m1 = centres(pub, out["counts"], out["sums"])[1]
+                out["scatter"] = self._stage_b(m1) + symmetric_gaussian(
+                    rng, np.asarray(pub.scatter_sd), d)
+            design = stage_c_design(pub, out)
+            S1, S2 = self._stage_c(design)
+        except Exception:
+            # A chunked source that fails to read after noise was drawn (an I/O error, a
+            # worker lost, a file changed during the release): the release must not fail
+            # now, so it is the post-processing of stage A alone (see finalize).
+            if isinstance(self.rows, _MemoryRows):
+                raise
+            return {"counts": out["counts"], "sums": out["sums"]}
         noise = design["noise"]
         out["class_sums"] = S1 + rng.standard_normal((K, d)) * noise.mean_sd[:, None]
         released = np.isfinite(noise.cov_sd)
@@ -400,6 +399,9 @@ class KLCertifiedPlan(Plan):
 
     @blas_single_thread
     def finalize(self, output: dict[str, np.ndarray]) -> GMM:
+        if "class_sums" not in output:  # the source failed after stage A (see sample)
+            self.fallbacks += 1
+            return _fallback_gmm(self.public, output, self.classes)
         try:
             w, m, c = estimate(self.public, output)
             return GMM(w, m, c, self.classes)
@@ -477,14 +479,14 @@ class KLCertified(Mechanism):
                 R = sample_radius(frame, sample_rows(data.X))
             else:
                 R = float(SETTINGS["box_radius"] * np.sqrt(d))
-            from ...stream.moments import class_order
+            from ...statistics import class_blocks
 
             # public totals from the rows in their own order: bit for bit the same function
             # of the features whatever the labels (sorted rows would round by label)
             A = clip_ball(T, R)
             total_scatter = T.T @ T if lf else None
             total_sums = A.sum(axis=0) if lf else None
-            order, bounds = class_order(data.codes, K)
+            order, bounds = class_blocks(data.codes, K)
             blocks = [slice(bounds[k], bounds[k + 1]) for k in range(K)]
             T, A = T[order], A[order]
             rows = _MemoryRows([T[b] for b in blocks])
