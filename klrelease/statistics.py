@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ClassStatistics", "class_statistics", "clip_to_norm", "clip_to_bounds"]
+__all__ = ["ClassStatistics", "class_statistics", "class_blocks", "source_statistics",
+           "clip_to_norm", "clip_to_bounds"]
 
 
 @dataclass(frozen=True)
@@ -95,3 +96,34 @@ def clip_to_norm(X: np.ndarray, bound: float) -> np.ndarray:
 def clip_to_bounds(X: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
     """Clip every feature into its public interval."""
     return np.clip(X, lower, upper)
+
+
+@dataclass(frozen=True)
+class _DomainClip:
+    """A per-chunk map: every row clipped to a public domain."""
+
+    domain: object
+
+    def __call__(self, rows: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        return self.domain.clip(rows)
+
+
+def source_statistics(source, domain=None) -> ClassStatistics:
+    """:func:`class_statistics` of a chunked :class:`~klrelease.stream.Source` in one pass,
+    each row clipped to the public ``domain`` (a :class:`~klrelease.domain.Domain`, or
+    ``None``: rows as read) before it is accumulated.
+
+    Every class must hold more than d rows (as for arrays: the class covariance must be
+    invertible); the refusal names no count.
+    """
+    m = source.moments(None if domain is None else _DomainClip(domain))
+    counts = np.rint(m.counts).astype(np.int64)
+    d = source.n_features
+    if np.any(counts < max(2, d + 1)):  # as klrelease.data._check_class_sizes words it
+        raise ValueError(
+            f"every class needs at least {max(2, d + 1)} rows (more than the {d} features, so "
+            "that its covariance is invertible); at least one class is smaller"
+        )
+    covs = m.scatters / (counts - 1.0)[:, None, None]
+    covs = 0.5 * (covs + covs.transpose(0, 2, 1))
+    return ClassStatistics(counts=counts, means=m.means, covariances=covs)

@@ -130,12 +130,12 @@ def _data_mean_noise(common: Common, data, level: float, solver: str):
     """Per class, the minimum-trace ``C`` with ``v^T C^{-1} v <= 1`` for every label-flip change
     ``v`` of its mean on this dataset, divided by ``level``.
 
-    The SDPs of all classes are solved together by :func:`klrelease.mechanisms.kl_paper.mean_noise.
-    unit_mean_noise` (weight ``I``): in passes over the clipped rows, in memory or from a
-    chunked source (each chunk clipped to the public domain); every result is checked against
-    every row.
+    The SDPs of all classes are solved together by
+    :func:`klrelease.mean_noise.unit_mean_noise` (weight ``I``): in passes over the clipped
+    rows, in memory or from a chunked source (each chunk clipped to the public domain); every
+    result is checked against every row.
     """
-    from ..kl_paper.mean_noise import unit_mean_noise
+    from ...mean_noise import unit_mean_noise
 
     stats = common.stats
     K, d = stats.n_classes, stats.n_features

@@ -59,7 +59,7 @@ from ...linalg import unvech, vech
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.projections import project_simplex, round_to_grid
 from ...sensitivity import covariance_trace_bound
-from ...statistics import ClassStatistics, class_statistics
+from ...statistics import ClassStatistics, class_statistics, source_statistics
 from ..base import Float, Int, MechanismOptions, Plan
 
 __all__ = [
@@ -147,36 +147,6 @@ def resolve_domain(data: LabelledData, bounds: Any, adjacency: Adjacency, mechan
 
 
 @dataclass(frozen=True)
-class _DomainClip:
-    """The per-chunk map of a streamed baseline: every row clipped to the public domain."""
-
-    domain: Domain
-
-    def __call__(self, rows: np.ndarray, codes: np.ndarray) -> np.ndarray:
-        return self.domain.clip(rows)
-
-
-def streamed_statistics(source, domain: Domain | None) -> ClassStatistics:
-    """Per-class counts, means and unbiased covariances of the rows of a source, each row
-    clipped to ``domain`` before it is accumulated (one pass; ``None``: rows as read).
-
-    Every class must hold more than d rows (as for arrays: the class covariance must be
-    invertible); the refusal names no count.
-    """
-    m = source.moments(None if domain is None else _DomainClip(domain))
-    counts = np.rint(m.counts).astype(np.int64)
-    d = source.n_features
-    if np.any(counts < max(2, d + 1)):  # as klrelease.data._check_class_sizes words it
-        raise ValueError(
-            f"every class needs at least {max(2, d + 1)} rows (more than the {d} features, so "
-            "that its covariance is invertible); at least one class is smaller"
-        )
-    covs = m.scatters / (counts - 1.0)[:, None, None]
-    covs = 0.5 * (covs + covs.transpose(0, 2, 1))
-    return ClassStatistics(counts=counts, means=m.means, covariances=covs)
-
-
-@dataclass(frozen=True)
 class Common:
     """Resolved common options of a baseline on one dataset."""
 
@@ -244,7 +214,7 @@ def resolve_common(data: LabelledData, opts: dict, mechanism: str, *,
             raise ValueError("covariance_floor must be a finite number > 0")
 
     if streamed:
-        stats = streamed_statistics(data, domain)
+        stats = source_statistics(data, domain)
         counts, X = stats.counts, None
     else:
         X = domain.clip(data.X)

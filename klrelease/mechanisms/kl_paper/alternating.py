@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...mean_noise import SolverReport, unit_mean_noise
 from ...neighbours import Adjacency, neighbour_counts
 from ...statistics import ClassStatistics
-from .mean_noise import SolverReport, unit_mean_noise
 from .objective import (
     class_terms,
     design_objective,

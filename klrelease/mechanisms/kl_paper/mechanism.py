@@ -194,9 +194,9 @@ class KLPaper(Mechanism):
                 )
             clip = domain.clip
         if streamed:  # one pass: statistics of the (clipped) rows; the rows stay in the source
-            from ..baselines.common import streamed_statistics
+            from ...statistics import source_statistics
 
-            stats = streamed_statistics(data, None if clip is None else domain)
+            stats = source_statistics(data, None if clip is None else domain)
             X, codes = data, None
         else:
             X, codes = data.X, data.codes

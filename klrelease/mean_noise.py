@@ -1,4 +1,5 @@
-"""The mean-noise SDP (23), solved once per class.
+"""The mean-noise SDP (23), solved once per class (shared by kl-paper's Algorithm 1 and
+colored-gaussian's data design).
 
 For class k, with c_k = eps_k^2 / (2 ln(2/delta)) and the neighbour vectors v of
 :mod:`klrelease.neighbours`, (23) is
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ... import solvers
-from ...neighbours import Adjacency, class_neighbour_vectors
-from ...statistics import ClassStatistics
+from . import solvers
+from .neighbours import Adjacency, class_neighbour_vectors
+from .statistics import ClassStatistics
 
 __all__ = ["UnitMeanNoise", "SolverReport", "unit_mean_noise"]
 
@@ -86,9 +87,9 @@ def unit_mean_noise(
     ``passes=False`` solves class by class on the neighbour vectors formed in memory
     (:func:`solvers.mean_noise_sdp`; arrays only), as a reference.
     """
-    from ...solvers import passes as sdp_passes
-    from ...solvers import reduction
-    from ...solvers.backends import BACKENDS
+    from .solvers import passes as sdp_passes
+    from .solvers import reduction
+    from .solvers.backends import BACKENDS
 
     K, d = stats.n_classes, stats.n_features
     if adjacency in (Adjacency.CHANGE_ONE_RECORD, Adjacency.ADD_ONE):
