@@ -107,6 +107,21 @@ def check_privacy_parameters(epsilon: float, delta: float) -> tuple[float, float
     return eps, dlt
 
 
+def _text_labels(y: np.ndarray, classes) -> np.ndarray:
+    """Text labels read against declared classes, each label on its own: surrounding spaces
+    dropped, and read as an integer when every declared class is one (``"01"`` and ``" 1"``
+    are class 1). The declaration alone decides how labels are read, never the other labels.
+    """
+    y = np.char.strip(y.astype(str))
+    if not all(isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_))
+               for c in classes):
+        return y
+    try:
+        return y.astype(np.int64)
+    except ValueError:  # some label is not an integer: it matches no declared class
+        raise ValueError("y contains a label that is not one of the declared classes") from None
+
+
 def _encode_labels(y, classes) -> tuple[np.ndarray, tuple]:
     y = np.asarray(y)
     if y.ndim == 2 and 1 in y.shape:
@@ -129,6 +144,8 @@ def _encode_labels(y, classes) -> tuple[np.ndarray, tuple]:
         raise ValueError(f"y must hold integer or string class labels, got dtype {y.dtype}")
     if y.dtype.kind == "O":
         y = y.astype(str)
+    if classes is not None and y.dtype.kind in "US":
+        y = _text_labels(y, classes)
     if classes is None:
         classes_arr = np.unique(y)
     else:

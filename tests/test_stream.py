@@ -349,3 +349,35 @@ def test_a_source_failing_after_noise_gives_the_stage_a_release():
                               epsilon=1.0, delta=1e-6, seed=2)
     assert Flaky.passes == 3
     assert r.gmm.weights.shape == (3,) and np.all(np.isfinite(r.gmm.means))
+
+
+def test_text_labels_read_the_same_in_memory_and_streamed(tmp_path):
+    """Labels ``01`` and `` 2`` against declared integer classes: each label is read on its
+    own, the same way in memory, from a streamed CSV and from arrays; a label that is no
+    declared class is refused with the same message everywhere."""
+    from klrelease.data import load_csv
+
+    X, y = _data(n=600, K=2)
+    text = np.where(y == 0, "01", " 2")
+    path = tmp_path / "d.csv"
+    with path.open("w") as fh:
+        fh.write("a,b,c,label\n")
+        for row, lab in zip(X, text, strict=True):
+            fh.write(",".join(f"{v:.17g}" for v in row) + f",{lab}\n")
+    kw = dict(epsilon=1.0, delta=1e-6, seed=4, classes=[1, 2])
+    Xm, ym, _ = load_csv(path, "label")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = klrelease.release(X, y + 1, **kw)
+        mem = klrelease.release(Xm, ym, **kw)
+        arr = klrelease.release(X, text, **kw)
+        streamed = klrelease.release(CSVSource(path, "label"), None, **kw)
+    for r in (mem, arr, streamed):
+        _assert_same_release(ref, r)
+    bad = text.copy()
+    bad[-1] = "x"
+    msg = "y contains a label that is not one of the declared classes"
+    with pytest.raises(ValueError, match=msg):
+        klrelease.release(X, bad, **kw)
+    with pytest.raises(ValueError, match=msg):
+        klrelease.release(ArraySource(X, bad, chunk_rows=100), None, **kw)
