@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._threads import single_threaded_blas
+from .._threads import blas_single_thread, single_threaded_blas
 from .backends import BACKENDS
 from .canonical import Canonical, balanced_frame, whitened_frame
 from .problem import FEASIBILITY_TOL, SDPResult, SolverFailed
@@ -340,6 +340,7 @@ class _Problem:
         return any(k not in known for k in _row_keys(x[hot], c[hot]))
 
 
+@blas_single_thread
 def solve_affine(A: np.ndarray, rows: AffineRows, gram: np.ndarray, data, *,
                  solver: str = "native", tol: float = 1e-7, origin: np.ndarray | None = None,
                  transform: Callable | None = None, pool: int = POOL_ROWS,

@@ -117,10 +117,13 @@ class Source:
         """Apply ``fn(X, y)`` to every chunk and merge the results in chunk order
         (``indexed=True``: ``fn(X, y, offset)``, ``offset`` the index of the chunk's first row).
         """
+        from .._threads import single_threaded_blas
+
         acc, offset = initial, 0
-        for X, y in self.chunks():
-            acc = merge(acc, fn(X, y, offset) if indexed else fn(X, y))
-            offset += len(y)
+        with single_threaded_blas():  # small products per chunk: threads only synchronise
+            for X, y in self.chunks():
+                acc = merge(acc, fn(X, y, offset) if indexed else fn(X, y))
+                offset += len(y)
         return acc
 
     # ---------------------------------------------------------------------------- passes
