@@ -78,12 +78,17 @@ def uniform_expected_g(N: int, pi: np.ndarray, h: np.ndarray, *,
 
 
 def uniform_xlogx(N: int, K: int) -> float:
-    """E[x ln x] for one part ``x = m / N`` of a composition uniform over S (O(N) terms)."""
-    m = np.arange(1, N - K + 2)
-    logp = gammaln(N - m) - gammaln(K - 1) - gammaln(N - m - K + 2) - log_num_compositions(N, K)
-    p = np.exp(logp)
-    x = m / N
-    return float(np.sum(p * x * np.log(x)))
+    """E[x ln x] for one part ``x = m / N`` of a composition uniform over S (O(N) terms,
+    summed in blocks of 2^20 so that memory does not grow with N)."""
+    top = N - K + 2
+    lnS = log_num_compositions(N, K)
+    total = 0.0
+    for a in range(1, top, 1 << 20):
+        m = np.arange(a, min(a + (1 << 20), top), dtype=np.float64)
+        p = np.exp(gammaln(N - m) - gammaln(K - 1) - gammaln(N - m - K + 2) - lnS)
+        x = m / N
+        total += float(np.sum(p * x * np.log(x)))
+    return total
 
 
 def design_objective(
