@@ -157,12 +157,12 @@ def good_center_lite(X: np.ndarray, r_tilde: float, budget: dict, rho_f: float,
     g = rot.T @ (s * (kappa + 0.5) - u)
     S1 = X[np.all(keys == np.asarray(cell), axis=1)] if len(X) else X
     rho1 = s * math.sqrt(m) / 2.0
-    c1, n1 = noisy_sum_count(S1, g, rho1, *budget["stage1"], rng)
+    c1, n1 = noisy_sum_count(S1, g, rho1, *budget["stage1"], rng, zcdp=_rho(budget["stage1"]))
     if n1 < 1:
         return None
     rho2 = rho_f * r_tilde
     S2 = X[within(X, c1, rho2)]
-    p, n2 = noisy_sum_count(S2, c1, rho2, *budget["stage2"], rng)
+    p, n2 = noisy_sum_count(S2, c1, rho2, *budget["stage2"], rng, zcdp=_rho(budget["stage2"]))
     return c1 if n2 < 1 else p
 
 
@@ -217,7 +217,8 @@ def bounding_ball_lite(X: np.ndarray, n_target: float, ball_in: Ball, budget: di
     multiplied by the public ``mult`` (paper: 12; default here 3). Budget keys ``centre``
     (eps, delta) and ``radius`` (eps).
     """
-    p, cnt = noisy_sum_count(X, ball_in.centre, ball_in.radius, *budget["centre"], rng)
+    p, cnt = noisy_sum_count(X, ball_in.centre, ball_in.radius, *budget["centre"], rng,
+                             zcdp=_rho(budget["centre"]))
     if cnt < 1:
         p = ball_in.centre
     radii = radius_grid(lower, 2.0 * ball_in.radius)
@@ -228,6 +229,11 @@ def bounding_ball_lite(X: np.ndarray, n_target: float, ball_in: Ball, budget: di
     return Ball(np.asarray(p, dtype=np.float64), mult * r2)
 
 
+def _rho(budget) -> float | None:
+    """The zCDP budget of a Gaussian piece (``None`` for an (epsilon, delta) tuple)."""
+    return getattr(budget, "zcdp", None)
+
+
 def clipped_scatter(X: np.ndarray, centre: np.ndarray, radius: float) -> np.ndarray:
     """``Y^T Y`` with ``Y = clip(X - centre, radius)``: Frobenius sensitivity ``sqrt(2) r^2``."""
     Y = clip_rows(X, centre, radius)
@@ -235,16 +241,17 @@ def clipped_scatter(X: np.ndarray, centre: np.ndarray, radius: float) -> np.ndar
 
 
 def private_pca(X: np.ndarray, centre: np.ndarray, radius: float, k: int, epsilon: float,
-                delta: float, rng: np.random.Generator) -> np.ndarray:
+                delta: float, rng: np.random.Generator, *,
+                zcdp: float | None = None) -> np.ndarray:
     """Private PCA ([PAPER] KSSU Alg. 3 step 5, [FIX] K7: centred and explicitly clipped).
 
     ``Y = clip(X - centre, radius)``, release ``Y^T Y + E`` with symmetric Gaussian ``E``
-    calibrated to Frobenius sensitivity ``sqrt(2) radius^2``; returns the top-``k``
-    eigenvectors as columns (post-processing).
+    calibrated to Frobenius sensitivity ``sqrt(2) radius^2`` ((eps, delta), or rho = ``zcdp``);
+    returns the top-``k`` eigenvectors as columns (post-processing).
     """
     m = X.shape[1]
     M = clipped_scatter(X, centre, radius)
-    sigma = gauss_sigma(math.sqrt(2.0) * radius**2, epsilon, delta)
+    sigma = gauss_sigma(math.sqrt(2.0) * radius**2, epsilon, delta, zcdp=zcdp)
     noisy = released("private PCA scatter", M + symmetric_gaussian(m, sigma, rng),
                      centre=centre, radius=radius, epsilon=epsilon, delta=delta, sigma=sigma)
     _, vecs = np.linalg.eigh(noisy)
@@ -284,7 +291,8 @@ def _psd_clip(S: np.ndarray, lo: float, hi: float) -> np.ndarray:
 
 def pge_lite(C: np.ndarray, ball: Ball, epsilon: float, delta: float, rounds: int,
              beta: float, lambda_floor: float, lambda_cap: float,
-             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, float]:
+             rng: np.random.Generator, *,
+             zcdp: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
     """[PRACTICAL] PGE-lite: clipped noisy mean and covariance in a released ball.
 
     Replaces the KLSU19 learner PGE (KSSU Thm 5.19-5.20). Per round: NoisySumCount (0.4 of
@@ -294,7 +302,9 @@ def pge_lite(C: np.ndarray, ball: Ball, epsilon: float, delta: float, rounds: in
     re-centred radius in round 2. With two rounds (1/3 then 2/3 of the
     budget) the second re-centres at the first mean with a radius computed from released
     values only (CoinPress style). Eigenvalues are clipped to ``[lambda_floor, lambda_cap]``
-    (post-processing). Returns ``(mean, covariance, noisy count)``.
+    (post-processing). With ``zcdp = rho`` the same shares split rho instead of
+    (epsilon, delta) and every Gaussian has ``sigma = Delta / sqrt(2 rho_i)``.
+    Returns ``(mean, covariance, noisy count)``.
     """
     d = C.shape[1]
     shares = (1.0,) if rounds == 1 else (1.0 / 3.0, 2.0 / 3.0)
@@ -302,11 +312,12 @@ def pge_lite(C: np.ndarray, ball: Ball, epsilon: float, delta: float, rounds: in
     mu, cnt, Sigma = centre, 0.0, np.eye(d) * lambda_floor
     for j, share in enumerate(shares):
         e, dl = epsilon * share, delta * share
-        sigma_mu = gauss_sigma(2.0 * r, 0.4 * e, 0.5 * dl)
-        mu, cnt = noisy_sum_count(C, centre, r, 0.4 * e, 0.5 * dl, rng)
+        z_mu, z_cov = (None, None) if zcdp is None else (0.4 * share * zcdp, 0.6 * share * zcdp)
+        sigma_mu = gauss_sigma(2.0 * r, 0.4 * e, 0.5 * dl, zcdp=z_mu)
+        mu, cnt = noisy_sum_count(C, centre, r, 0.4 * e, 0.5 * dl, rng, zcdp=z_mu)
         r_s = 2.0 * r if j == 0 else r  # round 2: r already contains the points around mu
         M = clipped_scatter(C, mu, r_s)
-        sig = gauss_sigma(math.sqrt(2.0) * r_s**2, 0.6 * e, 0.5 * dl)
+        sig = gauss_sigma(math.sqrt(2.0) * r_s**2, 0.6 * e, 0.5 * dl, zcdp=z_cov)
         Sigma = released("PGE-lite scatter", (M + symmetric_gaussian(d, sig, rng))
                          / max(cnt, 1.0), centre=mu, radius=r_s, epsilon=0.6 * e,
                          delta=0.5 * dl, sigma=sig)
