@@ -198,19 +198,9 @@ class Ledger:
         (analytic calibration under ``basic``, ``1/sqrt(2 rho)`` under ``zcdp``). Smaller is
         better: it is how ``auto`` compares the per-piece budgets of the two accountants.
         """
-        from .calibration import analytic_gaussian_sigma
-
-        score = 0.0
-        for e in self.entries:
-            if not e.multiplicity:
-                continue
-            if e.kind == "gaussian":
-                s = (1.0 / math.sqrt(2.0 * e.zcdp) if e.zcdp is not None
-                     else analytic_gaussian_sigma(e.epsilon, e.delta, 1.0))
-            else:
-                s = 1.0 / e.epsilon
-            score += e.multiplicity * math.log(s)
-        return score
+        return sum(e.multiplicity * log_noise_scale(
+            Spend(e.epsilon, e.delta, e.zcdp), e.kind == "gaussian")
+            for e in self.entries if e.multiplicity)
 
     def within_budget(self) -> bool:
         eps, dlt = self.total()
@@ -248,20 +238,32 @@ class Ledger:
         }
 
 
-def choose_accountant(accountant: str, build) -> tuple[str, object]:
+def log_noise_scale(spend: Spend, gaussian: bool) -> float:
+    """``log`` of the noise scale per unit sensitivity of one piece (see ``noise_score``)."""
+    from .calibration import analytic_gaussian_sigma
+
+    if gaussian:
+        return math.log(1.0 / math.sqrt(2.0 * spend.zcdp) if spend.zcdp is not None
+                        else analytic_gaussian_sigma(spend.epsilon, spend.delta, 1.0))
+    return -math.log(spend.epsilon)
+
+
+def choose_accountant(accountant: str, build, score=None) -> tuple[str, object]:
     """Resolve ``accountant`` and return ``(name, build(name))`` (public inputs only).
 
     ``build(name)`` returns a ledger (or a tuple whose first item is one) for ``basic`` or
     ``zcdp``. For ``auto`` both are built and the one with the smaller
     :meth:`Ledger.noise_score` (the larger per-piece budgets) is kept; ties go to ``basic``.
+    ``score(built)`` replaces that score when a ledger groups pieces (e.g. a block composed
+    by the advanced composition theorem).
     """
     check_accountant(accountant)
     if accountant != "auto":
         return accountant, build(accountant)
     built = {a: build(a) for a in ("basic", "zcdp")}
-
-    def score(b):
-        return (b[0] if isinstance(b, tuple) else b).noise_score()
+    if score is None:
+        def score(b):
+            return (b[0] if isinstance(b, tuple) else b).noise_score()
 
     name = "zcdp" if score(built["zcdp"]) < score(built["basic"]) else "basic"
     return name, built[name]

@@ -259,19 +259,25 @@ def private_pca(X: np.ndarray, centre: np.ndarray, radius: float, k: int, epsilo
 
 
 def psge(X: np.ndarray, ball: Ball, epsilon: float, delta: float, sigma_floor: float,
-         rng: np.random.Generator) -> tuple[np.ndarray, float, float]:
+         rng: np.random.Generator, *,
+         zcdp: float | None = None) -> tuple[np.ndarray, float, float]:
     """Private spherical Gaussian estimator ([PAPER] KSSU Alg. 6 with fixes K4, K5, K6(a)).
 
     Thirds of epsilon: the count ``|X'| + Lap(3/eps)``; the mean as the centre plus the noisy
     centred sum (Gaussian, L2 sensitivity ``2r``, all of delta); the variance around the
     released mean with ``||x - mu|| <= 2r`` clipped and ``Lap(12 r^2 / eps)`` (sensitivity
-    ``4 r^2``). Returns ``(mean, variance, noisy count)``.
+    ``4 r^2``). With ``zcdp = rho`` the thirds are of rho: the two Laplace pieces at
+    ``eps = sqrt(2 rho / 3)``, the mean at ``sigma = 2r / sqrt(2 rho / 3)``.
+    Returns ``(mean, variance, noisy count)``.
     """
     c, r = ball.centre, ball.radius
     ell = c.shape[0]
     Xp = X[within(X, c, r)]
+    if zcdp is not None:
+        epsilon = 3.0 * math.sqrt(2.0 * zcdp / 3.0)  # each third: eps^2/2 = rho/3
     m_x = laplace_count(len(Xp), epsilon / 3.0, rng)
-    s_mu = gauss_sigma(2.0 * r, epsilon / 3.0, delta)
+    s_mu = gauss_sigma(2.0 * r, epsilon / 3.0, delta,
+                       zcdp=None if zcdp is None else zcdp / 3.0)
     total = (Xp - c).sum(axis=0) if len(Xp) else np.zeros(ell)
     mu = released("PSGE mean", c + (total + rng.normal(0.0, s_mu, size=ell)) / max(m_x, 1.0),
                   centre=c, radius=r, epsilon=epsilon / 3.0, delta=delta, sigma=s_mu)
