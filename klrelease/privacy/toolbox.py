@@ -43,6 +43,7 @@ __all__ = [
     "gauss_sigma",
     "laplace_count",
     "above_threshold",
+    "above_threshold_lazy",
     "above_threshold_gamma",
     "exponential_mechanism",
     "stable_histogram_threshold",
@@ -91,11 +92,23 @@ def above_threshold(values: Sequence[float], threshold: float, sensitivity: floa
     are never looked at, so computing all answers beforehand releases nothing more.
     """
     values = list(values)
+    return above_threshold_lazy(values.__getitem__, len(values), threshold, sensitivity,
+                                epsilon, rng)
+
+
+def above_threshold_lazy(query, n_queries: int, threshold: float, sensitivity: float,
+                         epsilon: float, rng: np.random.Generator) -> int | None:
+    """:func:`above_threshold` with the answers computed on demand: ``query(i)`` is called
+    for ``i = 0, 1, ...`` up to the halting index only.
+
+    The same mechanism (same noise draws in the same order, same output) as computing every
+    answer first; it only saves the work of the answers AboveThreshold never looks at.
+    """
     public = {"threshold": threshold, "sensitivity": sensitivity, "epsilon": epsilon,
-              "n_queries": len(values)}
+              "n_queries": int(n_queries)}
     tau_hat = float(threshold) + float(rng.laplace(0.0, 2.0 * sensitivity / epsilon))
-    for i, v in enumerate(values):
-        if float(v) + float(rng.laplace(0.0, 4.0 * sensitivity / epsilon)) >= tau_hat:
+    for i in range(int(n_queries)):
+        if float(query(i)) + float(rng.laplace(0.0, 4.0 * sensitivity / epsilon)) >= tau_hat:
             return released("above threshold", i, **public)
     return released("above threshold", None, **public)
 

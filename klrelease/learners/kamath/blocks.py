@@ -24,6 +24,7 @@ import numpy as np
 from ...privacy.tape import released
 from ...privacy.toolbox import (
     above_threshold,
+    above_threshold_lazy,
     clip_rows,
     gauss_sigma,
     laplace_count,
@@ -31,7 +32,7 @@ from ...privacy.toolbox import (
     stable_histogram,
     symmetric_gaussian,
 )
-from .radius import ball_counts, capped_top_mean
+from .radius import _bar, ball_counts, ball_counts_tree, capped_top_mean, radius_counter, use_tree
 
 __all__ = [
     "Ball",
@@ -73,6 +74,16 @@ def radius_grid(lower: float, upper: float) -> np.ndarray:
     return np.minimum(lower * 2.0 ** np.arange(T + 1), max(upper, lower))
 
 
+def _terrific_values(q_inside: np.ndarray, q_inside_c: np.ndarray, n: int, t: int):
+    """Capped ``Q_X`` of every candidate from its counts in ``B_r`` and ``B_cr``."""
+    q = np.minimum.reduce([
+        np.minimum(q_inside, t),
+        np.minimum(n - q_inside_c, t),
+        t - np.minimum(q_inside_c - q_inside, t),
+    ])
+    return capped_top_mean(q.reshape(len(q_inside), -1), t)
+
+
 def terrific_query(X: np.ndarray, radii: np.ndarray, c: float, t: int, *,
                    progress: bool = False) -> np.ndarray:
     """``L_X(r)`` of KSSU eq. (5) for every radius: mean of the top-t capped ``Q_X(x, r)``.
@@ -87,27 +98,51 @@ def terrific_query(X: np.ndarray, radii: np.ndarray, c: float, t: int, *,
     both = np.concatenate([radii, c * radii])
     order = np.argsort(both, kind="stable")
     cnt = np.empty((n, 2 * R), dtype=np.int64)
-    cnt[:, order] = ball_counts(X, X, both[order], progress=progress,
-                                label="terrific radius")
-    inside = cnt[:, :R]
-    inside_c = cnt[:, R:]
-    q = np.minimum.reduce([
-        np.minimum(inside, t),
-        np.minimum(n - inside_c, t),
-        t - np.minimum(inside_c - inside, t),
-    ])
-    return capped_top_mean(q, t)
+    counter = ball_counts_tree if use_tree(X.shape[1]) else ball_counts
+    cnt[:, order] = counter(X, X, both[order], progress=progress, label="terrific radius")
+    return _terrific_values(cnt[:, :R], cnt[:, R:], n, t)
+
+
+def _lazy_query(X: np.ndarray, radii: np.ndarray, order: np.ndarray, value_all, value_one,
+                progress: bool, label: str):
+    """``j -> value at radii[order[j]]``: all radii at once on the chunked path, one radius
+    at a time (only those AboveThreshold asks for) on the KD-tree path."""
+    if len(X) == 0 or not use_tree(X.shape[1]):
+        values = value_all() if len(X) else np.zeros(len(radii))
+        return lambda j: values[order[j]], None
+    count = radius_counter(X, X)
+    bar = _bar(progress, label, len(radii))
+
+    def query(j):
+        v = value_one(count, float(radii[order[j]]))
+        if bar is not None:
+            bar[0].update(bar[1], advance=1)
+        return v
+
+    return query, bar
 
 
 def terrific_radius(X: np.ndarray, t: int, c: float, largest: bool, epsilon: float,
                     upper: float, lower: float, beta: float, rng: np.random.Generator, *,
                     progress: bool = False) -> float | None:
-    """TerrificRadius ([PAPER] KSSU Alg. 2): AboveThreshold over the radius grid. eps-DP."""
+    """TerrificRadius ([PAPER] KSSU Alg. 2): AboveThreshold over the radius grid. eps-DP.
+
+    The answers are computed lazily (:func:`klrelease.privacy.toolbox.above_threshold_lazy`):
+    the same mechanism, without the work on radii after the halting one.
+    """
     radii = radius_grid(lower, upper)
     gamma = 16.0 / epsilon * (math.log(len(radii)) + math.log(2.0 / beta))
-    values = terrific_query(X, radii, c, t, progress=progress)
     order = np.arange(len(radii))[::-1] if largest else np.arange(len(radii))
-    i = above_threshold(values[order], t - gamma, 2.0, epsilon, rng)
+    n = len(X)
+    query, bar = _lazy_query(
+        X, radii, order, lambda: terrific_query(X, radii, c, t, progress=progress),
+        lambda count, r: float(_terrific_values(count(r), count(c * r), n, t)[0]),
+        progress, "terrific radius")
+    try:
+        i = above_threshold_lazy(query, len(radii), t - gamma, 2.0, epsilon, rng)
+    finally:
+        if bar is not None:
+            bar[0].stop()
     return None if i is None else float(radii[order[i]])
 
 
@@ -117,16 +152,24 @@ def good_radius_lite(X: np.ndarray, t: int, epsilon: float, upper: float, lower:
     """[PRACTICAL] GoodRadius: smallest grid radius whose top-t capped ball count reaches t.
 
     Query ``L(r)`` = mean of the t largest ``#^t{y in B_r(x)}``; sensitivity 2; eps-DP by
-    AboveThreshold. Replaces NS18's recursive GoodRadius (KSSU Section 5.1).
+    AboveThreshold (answers computed lazily). Replaces NS18's recursive GoodRadius (KSSU
+    Section 5.1).
     """
     radii = radius_grid(lower, upper)
     gamma = 16.0 / epsilon * (math.log(len(radii)) + math.log(2.0 / beta))
-    if len(X) == 0:
-        values = np.zeros(len(radii))
-    else:
-        values = capped_top_mean(
-            np.minimum(ball_counts(X, X, radii, progress=progress, label="good radius"), t), t)
-    i = above_threshold(values, t - gamma, 2.0, epsilon, rng)
+    order = np.arange(len(radii))
+    query, bar = _lazy_query(
+        X, radii, order,
+        lambda: capped_top_mean(np.minimum(
+            ball_counts(X, X, radii, progress=progress, label="good radius"), t), t)
+        if len(X) else np.zeros(len(radii)),
+        lambda count, r: float(capped_top_mean(np.minimum(count(r), t)[:, None], t)[0]),
+        progress, "good radius")
+    try:
+        i = above_threshold_lazy(query, len(radii), t - gamma, 2.0, epsilon, rng)
+    finally:
+        if bar is not None:
+            bar[0].stop()
     return None if i is None else float(radii[i])
 
 
