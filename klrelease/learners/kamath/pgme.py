@@ -12,7 +12,9 @@ The output keeps the leaves whose released count reaches ``n w_min / 4`` and, of
 Privacy (``KAMATH.md``): every piece is calibrated to max(substitution, add/remove)
 sensitivity; membership of a child depends only on released balls and the record itself, so
 a substitution affects at most ``2k - 3`` node invocations and 2 leaves (Lemma P). The
-worst-path ledger gives 0.7 of (eps, delta) to the nodes and 0.15 to each of two leaves.
+worst-path ledger gives 0.7 of the budget to the nodes and 0.15 to each of two leaves: of
+(eps, delta) under the ``basic`` accountant, of rho under ``zcdp`` (``auto`` picks the one
+with the larger per-piece budgets, from public inputs).
 Utility is not covered by the paper's theorems in this regime (``KAMATH.md``, regimes).
 """
 
