@@ -27,6 +27,11 @@ CASES = [
     ("kamath-sa-lite", 2, 30000, 2, 6.0, {"R": 7.0, "sigma_min": 0.5, "sigma_max": 2.0,
                                           "n_init": 1, "agree": 0.6}),
     ("afzali-style-sample-aggregate", 2, 12000, 2, 6.0, {"w_mu": 2.0, "r_init": 1}),
+    # the zCDP accountant changes the budgets only, not the hygiene
+    ("kamath-pgme", 3, 8000, 3, 25.0, {"R": 26.0, "sigma_min": 0.5, "sigma_max": 2.0,
+                                       "accountant": "zcdp"}),
+    ("afzali-style-sample-aggregate", 2, 60000, 2, 6.0, {"w_mu": 2.0, "r_init": 1,
+                                                         "accountant": "zcdp"}),
 ]
 
 
@@ -56,7 +61,8 @@ def _run(X, name, k, options, replay=None):
 
 
 @pytest.mark.parametrize(("name", "k", "n", "d", "sep", "options"), CASES,
-                         ids=[f"{c[0]}-d{c[3]}" for c in CASES])
+                         ids=[f"{c[0]}-d{c[3]}-{c[5].get('accountant', 'basic')}"
+                              for c in CASES])
 def test_replay_on_a_neighbour_takes_the_same_path(name, k, n, d, sep, options):
     X = _data(n, k, d, sep, seed=n + d)
     tape, res = _run(X, name, k, options)

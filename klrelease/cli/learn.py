@@ -55,15 +55,25 @@ def learn_command(
     columns: Annotated[str | None, typer.Option(help="comma-separated columns (default all)")]
     = None,
     seed: Annotated[int | None, typer.Option(help="seed: reproducible, not secure")] = None,
+    accountant: Annotated[str | None, typer.Option(
+        help="privacy accountant of the worst-path ledger: basic, zcdp or auto (the larger "
+             "per-piece budgets, chosen from public inputs)")] = None,
 ):
     """Learn a GMM privately from unlabelled rows; FAIL exits with status 3."""
     from ..learners import get_learner, learn
+    from ..privacy.ledger import ACCOUNTANTS
 
     fn = get_learner(learner)  # unknown names list the registered learners (exit 2)
+    options = {}
+    if accountant is not None:
+        if "accountant" not in inspect.signature(fn).parameters:
+            raise BadInput(f"learner {learner!r} has no accountant option")
+        if accountant not in ACCOUNTANTS:
+            raise BadInput(f"--accountant must be one of {', '.join(ACCOUNTANTS)}")
+        options["accountant"] = accountant
     X, _ = read_unlabelled_csv(csv_path, columns)
     if out.parent and not out.parent.exists():
         raise BadInput(f"cannot write {out}: directory {out.parent} does not exist")
-    options = {}
     if "progress" in inspect.signature(fn).parameters:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -76,7 +86,8 @@ def learn_command(
             res = learn(X, components, epsilon=epsilon, delta=delta, learner=learner,
                         seed=seed, **options)
     else:
-        res = learn(X, components, epsilon=epsilon, delta=delta, learner=learner, seed=seed)
+        res = learn(X, components, epsilon=epsilon, delta=delta, learner=learner, seed=seed,
+                    **options)
     _write_atomic(out, res.to_json() + "\n")
     if res.failed:
         err_console.print(f"FAIL at stage {res.stage}: {res.reason}")

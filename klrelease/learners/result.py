@@ -71,6 +71,8 @@ class LearnResult:
                 "epsilon": g.epsilon, "delta": g.delta, "neighbouring": g.neighbouring,
                 "certified": g.certified and self.secure, "statement": g.statement,
                 "reasons": list(g.reasons), "accounting": g.accounting,
+                **({"accountant": self.diagnostics["ledger"]["accountant"]}
+                   if "accountant" in self.diagnostics.get("ledger", {}) else {}),
             },
             "diagnostics": _jsonable(self.diagnostics),
             "randomness": {"secure": self.secure},

@@ -1,19 +1,41 @@
 """A worst-path privacy budget ledger, fixed from public inputs before any data is read.
 
-A learner lists every mechanism it may run, with its (epsilon, delta) and how many times it
-can run on inputs that differ between two neighbouring datasets on the worst path
-(``multiplicity``). Under basic (adaptive) composition the worst-path guarantee is the sum of
-``multiplicity * (epsilon_i, delta_i)``. A group of mechanisms already composed with the
-advanced composition theorem is entered once with its composed total. :meth:`Ledger.check`
-compares the total with the request and raises before the data is touched; the ledger never
-sees the data, so running it with the data replaced by zeros gives the same ledger.
+A learner lists every mechanism it may run, with its budget and how many times it can run on
+inputs that differ between two neighbouring datasets on the worst path (``multiplicity``).
+Two accountants (``ledger.md`` beside this module has the proofs):
+
+* ``basic``: each piece is (epsilon_i, delta_i)-DP and the worst-path guarantee is the sum of
+  ``multiplicity * (epsilon_i, delta_i)`` (adaptive basic composition). A group of mechanisms
+  already composed with the advanced composition theorem is entered once with its total.
+* ``zcdp``: each piece has a zCDP parameter rho_i (Bun & Steinke 2016): a Gaussian piece
+  ``rho_i = Delta^2 / (2 sigma^2)``, a pure epsilon-DP piece ``rho_i = eps^2 / 2``, a stable
+  piece (StableHist, StableSelect) ``eps^2 / 2`` for its idealised pure part plus a total
+  variation term ``delta_TV``. The worst-path sum of rho is converted to
+  ``(eps_tot, delta_z)`` by ``dp_accounting``'s RDP accountant (a ``ZCDpEvent``), and the
+  guarantee is ``(eps_tot, delta_z + (1 + e^{eps_tot}) sum delta_TV)``.
+
+:func:`zcdp_rho` is the largest total rho that the RDP conversion turns into at most
+``(epsilon, delta_z)``; learners split it over their pieces by the same shares as the basic
+split. :func:`choose_accountant` picks ``basic`` or ``zcdp`` for ``auto`` from public inputs
+only. :meth:`Ledger.check` compares the total with the request and raises before the data is
+touched; the ledger never sees the data, so running it with the data replaced by zeros gives
+the same ledger.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-__all__ = ["LedgerEntry", "Ledger", "BudgetExceeded"]
+__all__ = ["LedgerEntry", "Ledger", "BudgetExceeded", "Spend", "ACCOUNTANTS", "zcdp_rho",
+           "zcdp_epsilon", "choose_accountant", "check_accountant", "ZCDP_DELTA_SHARE"]
+
+#: The accountants a learner accepts (``auto`` resolves to one of the first two).
+ACCOUNTANTS = ("basic", "zcdp", "auto")
+
+#: Under ``zcdp``, the share of delta given to the conversion (delta_z); the rest pays for the
+#: total-variation terms of the stable pieces.
+ZCDP_DELTA_SHARE = 0.5
 
 #: Relative slack for floating-point sums of budget shares.
 _TOL = 1e-9
@@ -23,14 +45,97 @@ class BudgetExceeded(ValueError):
     """The worst-path total of a ledger exceeds the requested budget (a public fact)."""
 
 
+def check_accountant(accountant: str) -> str:
+    """Validate an accountant name (a public input)."""
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, "
+                         f"got {accountant!r}")
+    return accountant
+
+
+def zcdp_epsilon(rho: float, delta_z: float) -> float:
+    """epsilon of a rho-zCDP mechanism at ``delta_z`` (``dp_accounting`` RDP conversion)."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    if rho <= 0:
+        return 0.0
+    acct = RdpAccountant()
+    acct.compose(dp_accounting.ZCDpEvent(float(rho)))
+    return float(acct.get_epsilon(delta_z))
+
+
+def zcdp_rho(epsilon: float, delta_z: float) -> float:
+    """Largest rho whose conversion at ``delta_z`` gives at most ``epsilon`` (bisection).
+
+    The closed form ``eps = rho + 2 sqrt(rho ln(1/delta_z))`` (Bun & Steinke 2016, Prop. 1.3)
+    gives a lower bracket; ``dp_accounting``'s conversion is at least as tight.
+    """
+    L = math.log(1.0 / delta_z)
+    lo = (math.sqrt(L + epsilon) - math.sqrt(L)) ** 2  # closed form, always valid
+    hi = max(lo, epsilon) * 4.0 + 1.0
+    if zcdp_epsilon(lo, delta_z) > epsilon:  # the RDP conversion is never looser
+        lo = 0.0
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        if zcdp_epsilon(mid, delta_z) <= epsilon:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return lo * (1.0 - 1e-9)
+
+
+@dataclass(frozen=True)
+class Spend:
+    """The budget handed to one mechanism call.
+
+    ``epsilon`` is the pure epsilon (or, for a Gaussian piece under ``basic``, the epsilon of
+    its (epsilon, delta) calibration), ``delta`` the delta of the calibration (StableHist: its
+    release parameter; StableSelect: its ``delta_TV``), ``zcdp`` the rho of a Gaussian piece
+    under ``zcdp`` (then ``sigma = Delta / sqrt(2 rho)``; ``None`` under ``basic``).
+    Unpacks as ``(epsilon, delta)``.
+    """
+
+    epsilon: float
+    delta: float = 0.0
+    zcdp: float | None = None
+
+    def __iter__(self):
+        return iter((self.epsilon, self.delta))
+
+    def __getitem__(self, i):
+        return (self.epsilon, self.delta)[i]
+
+
 @dataclass(frozen=True)
 class LedgerEntry:
+    """One mechanism of the worst path.
+
+    ``kind`` is ``"approx"`` (an (epsilon, delta)-DP piece; basic accountant only),
+    ``"pure"``, ``"gaussian"`` (with ``zcdp`` = rho under the zCDP accountant) or ``"stable"``
+    (pure part ``epsilon`` and total-variation term ``delta_tv``).
+    """
+
     name: str
     epsilon: float
     delta: float
     multiplicity: int = 1
     sensitivity: str = ""
     note: str = ""
+    kind: str = "approx"
+    zcdp: float | None = None
+    delta_tv: float = 0.0
+
+    @property
+    def rho(self) -> float:
+        """zCDP parameter of one invocation (``eps^2/2`` for a pure or stable piece)."""
+        if self.kind == "gaussian" and self.zcdp is not None:
+            return self.zcdp
+        if self.kind in ("pure", "stable"):
+            return 0.5 * self.epsilon**2
+        raise ValueError(f"ledger entry {self.name!r} ({self.kind}) has no zCDP parameter")
 
     @property
     def total_epsilon(self) -> float:
@@ -48,21 +153,54 @@ class Ledger:
     epsilon: float
     delta: float
     entries: list[LedgerEntry] = field(default_factory=list)
+    accountant: str = "basic"
+    delta_z: float | None = None  # zcdp: the delta of the conversion
+
+    def __post_init__(self):
+        if self.accountant not in ("basic", "zcdp"):
+            raise ValueError("a ledger's accountant is 'basic' or 'zcdp' (resolve 'auto' "
+                             "first)")
+        if self.accountant == "zcdp" and self.delta_z is None:
+            self.delta_z = ZCDP_DELTA_SHARE * self.delta
 
     def add(self, name: str, epsilon: float, delta: float = 0.0, *, multiplicity: int = 1,
-            sensitivity: str = "", note: str = "") -> LedgerEntry:
-        if epsilon < 0 or delta < 0 or multiplicity < 0:
+            sensitivity: str = "", note: str = "", kind: str = "approx",
+            zcdp: float | None = None, delta_tv: float = 0.0) -> LedgerEntry:
+        if epsilon < 0 or delta < 0 or multiplicity < 0 or delta_tv < 0 or (
+                zcdp is not None and zcdp < 0):
             raise ValueError("ledger entries need non-negative budgets and multiplicity")
+        if kind not in ("approx", "pure", "gaussian", "stable"):
+            raise ValueError(f"unknown ledger entry kind {kind!r}")
         entry = LedgerEntry(name, float(epsilon), float(delta), int(multiplicity),
-                            sensitivity, note)
+                            sensitivity, note, kind, None if zcdp is None else float(zcdp),
+                            float(delta_tv))
         self.entries.append(entry)
         return entry
 
+    def total_rho(self) -> float:
+        """Worst-path sum of the zCDP parameters (zcdp accountant)."""
+        return sum(e.multiplicity * e.rho for e in self.entries if e.multiplicity)
+
     def total(self) -> tuple[float, float]:
-        """Worst-path (epsilon, delta) under basic composition of the entries."""
+        """Worst-path (epsilon, delta) of the entries under the ledger's accountant."""
+        if self.accountant == "zcdp":
+            eps = zcdp_epsilon(self.total_rho(), self.delta_z)
+            tv = sum(e.multiplicity * e.delta_tv for e in self.entries)
+            return eps, self.delta_z + (1.0 + math.exp(eps)) * tv
         eps = sum(e.total_epsilon for e in self.entries)
         dlt = sum(e.total_delta for e in self.entries)
         return eps, dlt
+
+    def noise_score(self) -> float:
+        """Sum over the worst path of ``log(noise scale)`` per unit sensitivity (public).
+
+        A pure or stable piece scales as ``1/epsilon``, a Gaussian piece as ``sigma/Delta``
+        (analytic calibration under ``basic``, ``1/sqrt(2 rho)`` under ``zcdp``). Smaller is
+        better: it is how ``auto`` compares the per-piece budgets of the two accountants.
+        """
+        return sum(e.multiplicity * log_noise_scale(
+            Spend(e.epsilon, e.delta, e.zcdp), e.kind == "gaussian")
+            for e in self.entries if e.multiplicity)
 
     def within_budget(self) -> bool:
         eps, dlt = self.total()
@@ -83,10 +221,49 @@ class Ledger:
         return {
             "requested": {"epsilon": self.epsilon, "delta": self.delta},
             "worst_path_total": {"epsilon": eps, "delta": dlt},
-            "composition": "basic (adaptive) over the worst path",
+            "accountant": self.accountant,
+            "composition": ("basic (adaptive) over the worst path" if self.accountant == "basic"
+                            else "zCDP over the worst path, converted by dp_accounting's RDP "
+                                 "accountant at delta_z, plus (1 + e^eps) times the "
+                                 "total-variation terms of the stable pieces"),
+            **({"delta_z": self.delta_z, "total_rho": self.total_rho()}
+               if self.accountant == "zcdp" else {}),
             "entries": [
-                {"name": e.name, "epsilon": e.epsilon, "delta": e.delta,
+                {"name": e.name, "kind": e.kind, "epsilon": e.epsilon, "delta": e.delta,
+                 **({"rho": e.zcdp} if e.zcdp is not None else {}),
+                 **({"delta_tv": e.delta_tv} if e.delta_tv else {}),
                  "multiplicity": e.multiplicity, "sensitivity": e.sensitivity, "note": e.note}
                 for e in self.entries
             ],
         }
+
+
+def log_noise_scale(spend: Spend, gaussian: bool) -> float:
+    """``log`` of the noise scale per unit sensitivity of one piece (see ``noise_score``)."""
+    from .calibration import analytic_gaussian_sigma
+
+    if gaussian:
+        return math.log(1.0 / math.sqrt(2.0 * spend.zcdp) if spend.zcdp is not None
+                        else analytic_gaussian_sigma(spend.epsilon, spend.delta, 1.0))
+    return -math.log(spend.epsilon)
+
+
+def choose_accountant(accountant: str, build, score=None) -> tuple[str, object]:
+    """Resolve ``accountant`` and return ``(name, build(name))`` (public inputs only).
+
+    ``build(name)`` returns a ledger (or a tuple whose first item is one) for ``basic`` or
+    ``zcdp``. For ``auto`` both are built and the one with the smaller
+    :meth:`Ledger.noise_score` (the larger per-piece budgets) is kept; ties go to ``basic``.
+    ``score(built)`` replaces that score when a ledger groups pieces (e.g. a block composed
+    by the advanced composition theorem).
+    """
+    check_accountant(accountant)
+    if accountant != "auto":
+        return accountant, build(accountant)
+    built = {a: build(a) for a in ("basic", "zcdp")}
+    if score is None:
+        def score(b):
+            return (b[0] if isinstance(b, tuple) else b).noise_score()
+
+    name = "zcdp" if score(built["zcdp"]) < score(built["basic"]) else "basic"
+    return name, built[name]

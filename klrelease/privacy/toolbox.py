@@ -43,6 +43,7 @@ __all__ = [
     "gauss_sigma",
     "laplace_count",
     "above_threshold",
+    "above_threshold_lazy",
     "above_threshold_gamma",
     "exponential_mechanism",
     "stable_histogram_threshold",
@@ -57,8 +58,18 @@ __all__ = [
 ]
 
 
-def gauss_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
-    """Analytic Gaussian-mechanism sigma (Balle & Wang 2018); reuses the library calibration."""
+def gauss_sigma(sensitivity: float, epsilon: float, delta: float, *,
+                zcdp: float | None = None) -> float:
+    """Gaussian-mechanism sigma for L2 sensitivity ``Delta``.
+
+    (eps, delta): the analytic calibration (Balle & Wang 2018; the library's calibration).
+    With ``zcdp = rho``: ``sigma = Delta / sqrt(2 rho)``, which is rho-zCDP (Bun & Steinke 2016,
+    Prop. 1.6); epsilon and delta are then not used.
+    """
+    if zcdp is not None:
+        if not zcdp > 0:
+            raise ValueError("a zCDP budget must be > 0")
+        return float(sensitivity) / math.sqrt(2.0 * zcdp)
     return analytic_gaussian_sigma(epsilon, delta, sensitivity)
 
 
@@ -81,11 +92,23 @@ def above_threshold(values: Sequence[float], threshold: float, sensitivity: floa
     are never looked at, so computing all answers beforehand releases nothing more.
     """
     values = list(values)
+    return above_threshold_lazy(values.__getitem__, len(values), threshold, sensitivity,
+                                epsilon, rng)
+
+
+def above_threshold_lazy(query, n_queries: int, threshold: float, sensitivity: float,
+                         epsilon: float, rng: np.random.Generator) -> int | None:
+    """:func:`above_threshold` with the answers computed on demand: ``query(i)`` is called
+    for ``i = 0, 1, ...`` up to the halting index only.
+
+    The same mechanism (same noise draws in the same order, same output) as computing every
+    answer first; it only saves the work of the answers AboveThreshold never looks at.
+    """
     public = {"threshold": threshold, "sensitivity": sensitivity, "epsilon": epsilon,
-              "n_queries": len(values)}
+              "n_queries": int(n_queries)}
     tau_hat = float(threshold) + float(rng.laplace(0.0, 2.0 * sensitivity / epsilon))
-    for i, v in enumerate(values):
-        if float(v) + float(rng.laplace(0.0, 4.0 * sensitivity / epsilon)) >= tau_hat:
+    for i in range(int(n_queries)):
+        if float(query(i)) + float(rng.laplace(0.0, 4.0 * sensitivity / epsilon)) >= tau_hat:
             return released("above threshold", i, **public)
     return released("above threshold", None, **public)
 
@@ -210,17 +233,19 @@ def clipped_sum_count(Y: np.ndarray, centre: np.ndarray, rho: float) -> np.ndarr
 
 
 def noisy_sum_count(Y: np.ndarray, centre: np.ndarray, rho: float, epsilon: float,
-                    delta: float, rng: np.random.Generator) -> tuple[np.ndarray, float]:
+                    delta: float, rng: np.random.Generator, *,
+                    zcdp: float | None = None) -> tuple[np.ndarray, float]:
     """Clipped noisy mean with its count folded into the same Gaussian vector.
 
     Rows are centred at the (public or released) ``centre``, clipped to norm ``rho``, summed,
     and released together with ``rho * |Y|`` plus ``N(0, sigma^2 I)``, ``sigma`` calibrated to
-    L2 sensitivity ``2 rho`` (substitution; addition/removal moves it by ``sqrt(2) rho``).
+    L2 sensitivity ``2 rho`` (substitution; addition/removal moves it by ``sqrt(2) rho``):
+    (eps, delta)-DP, or ``zcdp``-zCDP when that budget is given.
     Returns ``(mean, noisy count)``; the mean divides by ``max(count, 1)``.
     """
     centre = np.asarray(centre, dtype=np.float64)
     m = centre.shape[0]
-    sigma = gauss_sigma(2.0 * rho, epsilon, delta)
+    sigma = gauss_sigma(2.0 * rho, epsilon, delta, zcdp=zcdp)
     v = clipped_sum_count(Y, centre, rho) + rng.normal(0.0, sigma, size=m + 1)
     cnt = float(v[m] / rho)
     return released("noisy sum and count", (centre + v[:m] / max(cnt, 1.0), cnt),

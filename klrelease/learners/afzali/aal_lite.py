@@ -31,7 +31,7 @@ import numpy as np
 
 from ..._threads import blas_single_thread
 from ...linalg import unvech, vech
-from ...privacy.ledger import Ledger
+from ...privacy.ledger import Ledger, Spend, choose_accountant, zcdp_rho
 from ...privacy.toolbox import noisy_sum_count, stable_select, stable_select_threshold
 from ..kamath.common import fail, guarantee, structure_rng, structure_seed, success
 from ..result import LearnResult, register_learner
@@ -43,16 +43,43 @@ NAME = "afzali-style-sample-aggregate"
 DOC = "klrelease/learners/afzali/AFZALI.md"
 
 
-def aal_ledger(epsilon: float, delta: float) -> tuple[Ledger, dict]:
-    """Selection 0.6 eps (eps_a:eps_b = 1:2), refinement 0.4 eps; delta half and half."""
-    led = Ledger(epsilon, delta)
-    e_s, e_r = 0.6 * epsilon, 0.4 * epsilon
-    d_tv = 0.5 * delta / (1.0 + math.exp(e_s))
-    led.add("StableSelect over block key sets", e_s, (1.0 + math.exp(e_s)) * d_tv,
-            sensitivity="one block's key set (<= Q keys)")
-    led.add("refinement NoisySumCount", e_r, 0.5 * delta, sensitivity="L2 2B")
-    return led.check(), {"select": (e_s / 3.0, 2.0 * e_s / 3.0, d_tv),
-                         "refine": (e_r, 0.5 * delta)}
+def _aal_ledger(epsilon: float, delta: float, accountant: str, refine: bool
+                ) -> tuple[Ledger, dict]:
+    sel_share = 0.6 if refine else 1.0
+    if accountant == "basic":
+        led = Ledger(epsilon, delta)
+        e_s, e_r = sel_share * epsilon, (1.0 - sel_share) * epsilon
+        d_sel = 0.5 * delta if refine else delta
+        d_tv = d_sel / (1.0 + math.exp(e_s))
+        led.add("StableSelect over block key sets", e_s, (1.0 + math.exp(e_s)) * d_tv,
+                sensitivity="one block's key set (<= Q keys)")
+        refine_spend = Spend(e_r, 0.5 * delta)
+    else:
+        led = Ledger(epsilon, delta, accountant="zcdp")
+        rho = zcdp_rho(epsilon, led.delta_z)
+        e_s = math.sqrt(2.0 * sel_share * rho)
+        d_tv = (delta - led.delta_z) / (1.0 + math.exp(epsilon))
+        led.add("StableSelect over block key sets", e_s, kind="stable", delta_tv=d_tv,
+                sensitivity="one block's key set (<= Q keys)")
+        rho_r = (1.0 - sel_share) * rho
+        refine_spend = Spend(math.sqrt(2.0 * rho_r), 0.0, rho_r) if refine else None
+    bud = {"select": (e_s / 3.0, 2.0 * e_s / 3.0, d_tv)}
+    if refine:
+        led.add("refinement NoisySumCount", refine_spend.epsilon, refine_spend.delta,
+                kind="approx" if accountant == "basic" else "gaussian",
+                zcdp=refine_spend.zcdp, sensitivity="L2 2B")
+        bud["refine"] = refine_spend
+    return led, bud
+
+
+def aal_ledger(epsilon: float, delta: float, accountant: str = "basic",
+               refine: bool = True) -> tuple[Ledger, dict]:
+    """Selection 0.6 (refinement 0.4) of the budget: of epsilon under ``basic`` (delta half
+    and half), of rho under ``zcdp``; ``auto`` picks the larger per-piece budget. Without
+    refinement the selection gets everything."""
+    _, (led, bud) = choose_accountant(accountant,
+                                      lambda a: _aal_ledger(epsilon, delta, a, refine))
+    return led.check(), bud
 
 
 def theta_bound(k: int, d: int) -> float:
@@ -149,28 +176,21 @@ def learn_aal_style(X, n_components: int, *, epsilon: float, delta: float,
                     rng: np.random.Generator, w_mu: float | None = None, sigma_max: float = 3.0,
                     w_l: float = 0.5, L_F: float = 2.0, Q: int = 4, r_init: int = 10,
                     holdout: float = 0.3, tau_ll: float = 0.05, blocks: int | None = None,
-                    refine: bool = True, seed: int | None = None, progress=None,
-                    **_ignored) -> LearnResult:
+                    refine: bool = True, seed: int | None = None, accountant: str = "basic",
+                    progress=None, **_ignored) -> LearnResult:
     """Sample-and-aggregate following Afzali et al.'s privacy architecture (no utility claim).
 
     Public parameters: ``w_mu`` mean-cell width (default ``3 sigma_max``), ``w_l`` log-scale
     cell width, ``L_F`` shape clip, ``Q`` keys per block, ``r_init`` EM restarts, ``holdout``
     fraction, ``tau_ll`` likelihood filter (nats/point), ``blocks`` T (default
-    ``min(n // max(100, 15 P), 1000)``, P the number of free parameters). ``progress``,
+    ``min(n // max(100, 15 P), 1000)``, P the number of free parameters), ``accountant``
+    ``basic`` (default), ``zcdp`` or ``auto`` (public inputs only). ``progress``,
     when callable, is called with 1 after each block's fits.
     """
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
     k = int(n_components)
-    if not refine:
-        led = Ledger(epsilon, delta)
-        e_s = epsilon
-        d_tv = delta / (1.0 + math.exp(e_s))
-        led.add("StableSelect over block key sets", e_s, (1 + math.exp(e_s)) * d_tv)
-        led.check()
-        bud = {"select": (e_s / 3, 2 * e_s / 3, d_tv)}
-    else:
-        led, bud = aal_ledger(epsilon, delta)
+    led, bud = aal_ledger(epsilon, delta, accountant, refine)
     g = guarantee(led, "sample-and-aggregate after Afzali et al. (architecture only)", DOC)
     master = structure_seed(rng, seed)
     struct = structure_rng(master, "public")
@@ -229,7 +249,7 @@ def learn_aal_style(X, n_components: int, *, epsilon: float, delta: float,
     dim = k * (d + 1 + d * (d + 1) // 2) + k
     B = theta_bound(k, d)
     theta, cnt = noisy_sum_count(np.array(thetas).reshape(-1, dim), np.zeros(dim), B,
-                                 *bud["refine"], rng)
+                                 *bud["refine"], rng, zcdp=bud["refine"].zcdp)
     diag["refine_noisy_count"] = cnt
     w, means, covs = decode_theta(theta, kappa, k, d, u, w_mu, w_l, L_F)
     return success(NAME, g, w, means, covs, diag)

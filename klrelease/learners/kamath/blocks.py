@@ -24,6 +24,7 @@ import numpy as np
 from ...privacy.tape import released
 from ...privacy.toolbox import (
     above_threshold,
+    above_threshold_lazy,
     clip_rows,
     gauss_sigma,
     laplace_count,
@@ -31,7 +32,7 @@ from ...privacy.toolbox import (
     stable_histogram,
     symmetric_gaussian,
 )
-from .radius import ball_counts, capped_top_mean
+from .radius import _bar, ball_counts, ball_counts_tree, capped_top_mean, radius_counter, use_tree
 
 __all__ = [
     "Ball",
@@ -73,6 +74,16 @@ def radius_grid(lower: float, upper: float) -> np.ndarray:
     return np.minimum(lower * 2.0 ** np.arange(T + 1), max(upper, lower))
 
 
+def _terrific_values(q_inside: np.ndarray, q_inside_c: np.ndarray, n: int, t: int):
+    """Capped ``Q_X`` of every candidate from its counts in ``B_r`` and ``B_cr``."""
+    q = np.minimum.reduce([
+        np.minimum(q_inside, t),
+        np.minimum(n - q_inside_c, t),
+        t - np.minimum(q_inside_c - q_inside, t),
+    ])
+    return capped_top_mean(q.reshape(len(q_inside), -1), t)
+
+
 def terrific_query(X: np.ndarray, radii: np.ndarray, c: float, t: int, *,
                    progress: bool = False) -> np.ndarray:
     """``L_X(r)`` of KSSU eq. (5) for every radius: mean of the top-t capped ``Q_X(x, r)``.
@@ -87,27 +98,51 @@ def terrific_query(X: np.ndarray, radii: np.ndarray, c: float, t: int, *,
     both = np.concatenate([radii, c * radii])
     order = np.argsort(both, kind="stable")
     cnt = np.empty((n, 2 * R), dtype=np.int64)
-    cnt[:, order] = ball_counts(X, X, both[order], progress=progress,
-                                label="terrific radius")
-    inside = cnt[:, :R]
-    inside_c = cnt[:, R:]
-    q = np.minimum.reduce([
-        np.minimum(inside, t),
-        np.minimum(n - inside_c, t),
-        t - np.minimum(inside_c - inside, t),
-    ])
-    return capped_top_mean(q, t)
+    counter = ball_counts_tree if use_tree(X.shape[1]) else ball_counts
+    cnt[:, order] = counter(X, X, both[order], progress=progress, label="terrific radius")
+    return _terrific_values(cnt[:, :R], cnt[:, R:], n, t)
+
+
+def _lazy_query(X: np.ndarray, radii: np.ndarray, order: np.ndarray, value_all, value_one,
+                progress: bool, label: str):
+    """``j -> value at radii[order[j]]``: all radii at once on the chunked path, one radius
+    at a time (only those AboveThreshold asks for) on the KD-tree path."""
+    if len(X) == 0 or not use_tree(X.shape[1]):
+        values = value_all() if len(X) else np.zeros(len(radii))
+        return lambda j: values[order[j]], None
+    count = radius_counter(X, X)
+    bar = _bar(progress, label, len(radii))
+
+    def query(j):
+        v = value_one(count, float(radii[order[j]]))
+        if bar is not None:
+            bar[0].update(bar[1], advance=1)
+        return v
+
+    return query, bar
 
 
 def terrific_radius(X: np.ndarray, t: int, c: float, largest: bool, epsilon: float,
                     upper: float, lower: float, beta: float, rng: np.random.Generator, *,
                     progress: bool = False) -> float | None:
-    """TerrificRadius ([PAPER] KSSU Alg. 2): AboveThreshold over the radius grid. eps-DP."""
+    """TerrificRadius ([PAPER] KSSU Alg. 2): AboveThreshold over the radius grid. eps-DP.
+
+    The answers are computed lazily (:func:`klrelease.privacy.toolbox.above_threshold_lazy`):
+    the same mechanism, without the work on radii after the halting one.
+    """
     radii = radius_grid(lower, upper)
     gamma = 16.0 / epsilon * (math.log(len(radii)) + math.log(2.0 / beta))
-    values = terrific_query(X, radii, c, t, progress=progress)
     order = np.arange(len(radii))[::-1] if largest else np.arange(len(radii))
-    i = above_threshold(values[order], t - gamma, 2.0, epsilon, rng)
+    n = len(X)
+    query, bar = _lazy_query(
+        X, radii, order, lambda: terrific_query(X, radii, c, t, progress=progress),
+        lambda count, r: float(_terrific_values(count(r), count(c * r), n, t)[0]),
+        progress, "terrific radius")
+    try:
+        i = above_threshold_lazy(query, len(radii), t - gamma, 2.0, epsilon, rng)
+    finally:
+        if bar is not None:
+            bar[0].stop()
     return None if i is None else float(radii[order[i]])
 
 
@@ -117,16 +152,24 @@ def good_radius_lite(X: np.ndarray, t: int, epsilon: float, upper: float, lower:
     """[PRACTICAL] GoodRadius: smallest grid radius whose top-t capped ball count reaches t.
 
     Query ``L(r)`` = mean of the t largest ``#^t{y in B_r(x)}``; sensitivity 2; eps-DP by
-    AboveThreshold. Replaces NS18's recursive GoodRadius (KSSU Section 5.1).
+    AboveThreshold (answers computed lazily). Replaces NS18's recursive GoodRadius (KSSU
+    Section 5.1).
     """
     radii = radius_grid(lower, upper)
     gamma = 16.0 / epsilon * (math.log(len(radii)) + math.log(2.0 / beta))
-    if len(X) == 0:
-        values = np.zeros(len(radii))
-    else:
-        values = capped_top_mean(
-            np.minimum(ball_counts(X, X, radii, progress=progress, label="good radius"), t), t)
-    i = above_threshold(values, t - gamma, 2.0, epsilon, rng)
+    order = np.arange(len(radii))
+    query, bar = _lazy_query(
+        X, radii, order,
+        lambda: capped_top_mean(np.minimum(
+            ball_counts(X, X, radii, progress=progress, label="good radius"), t), t)
+        if len(X) else np.zeros(len(radii)),
+        lambda count, r: float(capped_top_mean(np.minimum(count(r), t)[:, None], t)[0]),
+        progress, "good radius")
+    try:
+        i = above_threshold_lazy(query, len(radii), t - gamma, 2.0, epsilon, rng)
+    finally:
+        if bar is not None:
+            bar[0].stop()
     return None if i is None else float(radii[i])
 
 
@@ -157,12 +200,12 @@ def good_center_lite(X: np.ndarray, r_tilde: float, budget: dict, rho_f: float,
     g = rot.T @ (s * (kappa + 0.5) - u)
     S1 = X[np.all(keys == np.asarray(cell), axis=1)] if len(X) else X
     rho1 = s * math.sqrt(m) / 2.0
-    c1, n1 = noisy_sum_count(S1, g, rho1, *budget["stage1"], rng)
+    c1, n1 = noisy_sum_count(S1, g, rho1, *budget["stage1"], rng, zcdp=_rho(budget["stage1"]))
     if n1 < 1:
         return None
     rho2 = rho_f * r_tilde
     S2 = X[within(X, c1, rho2)]
-    p, n2 = noisy_sum_count(S2, c1, rho2, *budget["stage2"], rng)
+    p, n2 = noisy_sum_count(S2, c1, rho2, *budget["stage2"], rng, zcdp=_rho(budget["stage2"]))
     return c1 if n2 < 1 else p
 
 
@@ -217,7 +260,8 @@ def bounding_ball_lite(X: np.ndarray, n_target: float, ball_in: Ball, budget: di
     multiplied by the public ``mult`` (paper: 12; default here 3). Budget keys ``centre``
     (eps, delta) and ``radius`` (eps).
     """
-    p, cnt = noisy_sum_count(X, ball_in.centre, ball_in.radius, *budget["centre"], rng)
+    p, cnt = noisy_sum_count(X, ball_in.centre, ball_in.radius, *budget["centre"], rng,
+                             zcdp=_rho(budget["centre"]))
     if cnt < 1:
         p = ball_in.centre
     radii = radius_grid(lower, 2.0 * ball_in.radius)
@@ -228,6 +272,11 @@ def bounding_ball_lite(X: np.ndarray, n_target: float, ball_in: Ball, budget: di
     return Ball(np.asarray(p, dtype=np.float64), mult * r2)
 
 
+def _rho(budget) -> float | None:
+    """The zCDP budget of a Gaussian piece (``None`` for an (epsilon, delta) tuple)."""
+    return getattr(budget, "zcdp", None)
+
+
 def clipped_scatter(X: np.ndarray, centre: np.ndarray, radius: float) -> np.ndarray:
     """``Y^T Y`` with ``Y = clip(X - centre, radius)``: Frobenius sensitivity ``sqrt(2) r^2``."""
     Y = clip_rows(X, centre, radius)
@@ -235,16 +284,17 @@ def clipped_scatter(X: np.ndarray, centre: np.ndarray, radius: float) -> np.ndar
 
 
 def private_pca(X: np.ndarray, centre: np.ndarray, radius: float, k: int, epsilon: float,
-                delta: float, rng: np.random.Generator) -> np.ndarray:
+                delta: float, rng: np.random.Generator, *,
+                zcdp: float | None = None) -> np.ndarray:
     """Private PCA ([PAPER] KSSU Alg. 3 step 5, [FIX] K7: centred and explicitly clipped).
 
     ``Y = clip(X - centre, radius)``, release ``Y^T Y + E`` with symmetric Gaussian ``E``
-    calibrated to Frobenius sensitivity ``sqrt(2) radius^2``; returns the top-``k``
-    eigenvectors as columns (post-processing).
+    calibrated to Frobenius sensitivity ``sqrt(2) radius^2`` ((eps, delta), or rho = ``zcdp``);
+    returns the top-``k`` eigenvectors as columns (post-processing).
     """
     m = X.shape[1]
     M = clipped_scatter(X, centre, radius)
-    sigma = gauss_sigma(math.sqrt(2.0) * radius**2, epsilon, delta)
+    sigma = gauss_sigma(math.sqrt(2.0) * radius**2, epsilon, delta, zcdp=zcdp)
     noisy = released("private PCA scatter", M + symmetric_gaussian(m, sigma, rng),
                      centre=centre, radius=radius, epsilon=epsilon, delta=delta, sigma=sigma)
     _, vecs = np.linalg.eigh(noisy)
@@ -252,19 +302,25 @@ def private_pca(X: np.ndarray, centre: np.ndarray, radius: float, k: int, epsilo
 
 
 def psge(X: np.ndarray, ball: Ball, epsilon: float, delta: float, sigma_floor: float,
-         rng: np.random.Generator) -> tuple[np.ndarray, float, float]:
+         rng: np.random.Generator, *,
+         zcdp: float | None = None) -> tuple[np.ndarray, float, float]:
     """Private spherical Gaussian estimator ([PAPER] KSSU Alg. 6 with fixes K4, K5, K6(a)).
 
     Thirds of epsilon: the count ``|X'| + Lap(3/eps)``; the mean as the centre plus the noisy
     centred sum (Gaussian, L2 sensitivity ``2r``, all of delta); the variance around the
     released mean with ``||x - mu|| <= 2r`` clipped and ``Lap(12 r^2 / eps)`` (sensitivity
-    ``4 r^2``). Returns ``(mean, variance, noisy count)``.
+    ``4 r^2``). With ``zcdp = rho`` the thirds are of rho: the two Laplace pieces at
+    ``eps = sqrt(2 rho / 3)``, the mean at ``sigma = 2r / sqrt(2 rho / 3)``.
+    Returns ``(mean, variance, noisy count)``.
     """
     c, r = ball.centre, ball.radius
     ell = c.shape[0]
     Xp = X[within(X, c, r)]
+    if zcdp is not None:
+        epsilon = 3.0 * math.sqrt(2.0 * zcdp / 3.0)  # each third: eps^2/2 = rho/3
     m_x = laplace_count(len(Xp), epsilon / 3.0, rng)
-    s_mu = gauss_sigma(2.0 * r, epsilon / 3.0, delta)
+    s_mu = gauss_sigma(2.0 * r, epsilon / 3.0, delta,
+                       zcdp=None if zcdp is None else zcdp / 3.0)
     total = (Xp - c).sum(axis=0) if len(Xp) else np.zeros(ell)
     mu = released("PSGE mean", c + (total + rng.normal(0.0, s_mu, size=ell)) / max(m_x, 1.0),
                   centre=c, radius=r, epsilon=epsilon / 3.0, delta=delta, sigma=s_mu)
@@ -284,7 +340,8 @@ def _psd_clip(S: np.ndarray, lo: float, hi: float) -> np.ndarray:
 
 def pge_lite(C: np.ndarray, ball: Ball, epsilon: float, delta: float, rounds: int,
              beta: float, lambda_floor: float, lambda_cap: float,
-             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, float]:
+             rng: np.random.Generator, *,
+             zcdp: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
     """[PRACTICAL] PGE-lite: clipped noisy mean and covariance in a released ball.
 
     Replaces the KLSU19 learner PGE (KSSU Thm 5.19-5.20). Per round: NoisySumCount (0.4 of
@@ -294,7 +351,9 @@ def pge_lite(C: np.ndarray, ball: Ball, epsilon: float, delta: float, rounds: in
     re-centred radius in round 2. With two rounds (1/3 then 2/3 of the
     budget) the second re-centres at the first mean with a radius computed from released
     values only (CoinPress style). Eigenvalues are clipped to ``[lambda_floor, lambda_cap]``
-    (post-processing). Returns ``(mean, covariance, noisy count)``.
+    (post-processing). With ``zcdp = rho`` the same shares split rho instead of
+    (epsilon, delta) and every Gaussian has ``sigma = Delta / sqrt(2 rho_i)``.
+    Returns ``(mean, covariance, noisy count)``.
     """
     d = C.shape[1]
     shares = (1.0,) if rounds == 1 else (1.0 / 3.0, 2.0 / 3.0)
@@ -302,11 +361,12 @@ def pge_lite(C: np.ndarray, ball: Ball, epsilon: float, delta: float, rounds: in
     mu, cnt, Sigma = centre, 0.0, np.eye(d) * lambda_floor
     for j, share in enumerate(shares):
         e, dl = epsilon * share, delta * share
-        sigma_mu = gauss_sigma(2.0 * r, 0.4 * e, 0.5 * dl)
-        mu, cnt = noisy_sum_count(C, centre, r, 0.4 * e, 0.5 * dl, rng)
+        z_mu, z_cov = (None, None) if zcdp is None else (0.4 * share * zcdp, 0.6 * share * zcdp)
+        sigma_mu = gauss_sigma(2.0 * r, 0.4 * e, 0.5 * dl, zcdp=z_mu)
+        mu, cnt = noisy_sum_count(C, centre, r, 0.4 * e, 0.5 * dl, rng, zcdp=z_mu)
         r_s = 2.0 * r if j == 0 else r  # round 2: r already contains the points around mu
         M = clipped_scatter(C, mu, r_s)
-        sig = gauss_sigma(math.sqrt(2.0) * r_s**2, 0.6 * e, 0.5 * dl)
+        sig = gauss_sigma(math.sqrt(2.0) * r_s**2, 0.6 * e, 0.5 * dl, zcdp=z_cov)
         Sigma = released("PGE-lite scatter", (M + symmetric_gaussian(d, sig, rng))
                          / max(cnt, 1.0), centre=mu, radius=r_s, epsilon=0.6 * e,
                          delta=0.5 * dl, sigma=sig)

@@ -17,6 +17,13 @@ __all__ = ["guarantee", "fail", "success", "structure_rng", "structure_seed"]
 
 def guarantee(ledger: Ledger, name: str, doc: str) -> Guarantee:
     """The claim of a learner: the requested (eps, delta) under substitution, n public."""
+    if ledger.accountant == "zcdp":
+        acct = ("zCDP over the worst path (accountant zcdp, chosen from public inputs before "
+                "the data is read): rho converted to (eps, delta_z) by dp_accounting's RDP "
+                "accountant, plus (1 + e^eps) times the stable pieces' total-variation terms")
+    else:
+        acct = ("basic composition over the worst path (accountant basic), fixed before the "
+                "data is read")
     return Guarantee(
         epsilon=ledger.epsilon,
         delta=ledger.delta,
@@ -27,8 +34,9 @@ def guarantee(ledger: Ledger, name: str, doc: str) -> Guarantee:
             "datasets that differ in one record (substitution; the number of records is "
             "public). FAIL is an output covered by the same guarantee."
         ),
-        reasons=(f"proof: {doc}", "worst-path ledger (basic composition) in diagnostics"),
-        accounting="basic composition over the worst path, fixed before the data is read",
+        reasons=(f"proof: {doc}",
+                 f"worst-path ledger (accountant {ledger.accountant}) in diagnostics"),
+        accounting=acct,
     )
 
 

@@ -12,7 +12,9 @@ The output keeps the leaves whose released count reaches ``n w_min / 4`` and, of
 Privacy (``KAMATH.md``): every piece is calibrated to max(substitution, add/remove)
 sensitivity; membership of a child depends only on released balls and the record itself, so
 a substitution affects at most ``2k - 3`` node invocations and 2 leaves (Lemma P). The
-worst-path ledger gives 0.7 of (eps, delta) to the nodes and 0.15 to each of two leaves.
+worst-path ledger gives 0.7 of the budget to the nodes and 0.15 to each of two leaves: of
+(eps, delta) under the ``basic`` accountant, of rho under ``zcdp`` (``auto`` picks the one
+with the larger per-piece budgets, from public inputs).
 Utility is not covered by the paper's theorems in this regime (``KAMATH.md``, regimes).
 """
 
@@ -22,7 +24,7 @@ import math
 
 import numpy as np
 
-from ...privacy.ledger import Ledger
+from ...privacy.ledger import ZCDP_DELTA_SHARE, Ledger, Spend, choose_accountant, zcdp_rho
 from ...privacy.toolbox import laplace_count, stable_histogram_threshold
 from ..result import LearnResult, register_learner
 from .blocks import Ball, bounding_ball_lite, pge_lite, private_pca, pterrific_ball, within
@@ -49,34 +51,94 @@ def n_affected_nodes(k: int) -> int:
     return max(2 * k - 3, 0)
 
 
-def node_budget(eps_node: float, delta_node: float, with_pca: bool) -> dict:
-    """Per-piece (eps, delta) of one node; without PCA the first 0.52 is renormalised."""
+_KIND = {"count": "pure", "bb_centre": "gaussian", "bb_radius": "pure", "radius": "pure",
+         "hist": "stable", "stage1": "gaussian", "stage2": "gaussian", "check": "pure",
+         "pca": "gaussian"}
+
+
+def _kind(piece: str) -> str:
+    return _KIND[piece[3:] if piece.startswith(("s3_", "s6_")) else piece]
+
+
+def node_budget(node: dict, with_pca: bool) -> dict[str, Spend]:
+    """Per-piece budgets of one node; without PCA the remaining shares are renormalised.
+
+    ``node`` is the node total of :func:`pgme_ledger`: ``{"accountant": "basic", "epsilon",
+    "delta"}`` or ``{"accountant": "zcdp", "rho", "delta_tv"}``. Either way the total of a
+    node is the same with or without PCA (the choice depends on public ``k_node`` and ``d``).
+    """
     keys = list(_NODE_EPS) if with_pca else [k for k in _NODE_EPS
                                               if not k.startswith(("s6", "pca"))]
     tot = sum(_NODE_EPS[k] for k in keys)
-    dkeys = [k for k in _NODE_DELTA_PIECES if k in keys]
-    return {k: (eps_node * _NODE_EPS[k] / tot,
-                delta_node / len(dkeys) if k in dkeys else 0.0) for k in keys}
+    if node["accountant"] == "basic":
+        dkeys = [k for k in _NODE_DELTA_PIECES if k in keys]
+        return {k: Spend(node["epsilon"] * _NODE_EPS[k] / tot,
+                         node["delta"] / len(dkeys) if k in dkeys else 0.0) for k in keys}
+    hist = [k for k in keys if _kind(k) == "stable"]
+    out = {}
+    for k in keys:
+        rho_k = node["rho"] * _NODE_EPS[k] / tot
+        kind = _kind(k)
+        if kind == "gaussian":
+            out[k] = Spend(math.sqrt(2.0 * rho_k), 0.0, rho_k)
+        elif kind == "stable":  # StableHist's release parameter is 4 delta_TV (toolbox.md)
+            out[k] = Spend(math.sqrt(2.0 * rho_k), 4.0 * node["delta_tv"] / len(hist))
+        else:
+            out[k] = Spend(math.sqrt(2.0 * rho_k))
+    return out
 
 
-def pgme_ledger(k: int, d: int, epsilon: float, delta: float) -> tuple[Ledger, dict]:
-    """Worst-path ledger from public inputs only; returns it with the node and leaf budgets."""
-    led = Ledger(epsilon, delta)
+def _pgme_ledger(k: int, epsilon: float, delta: float, accountant: str
+                 ) -> tuple[Ledger, dict]:
     n_aff = n_affected_nodes(k)
-    if k == 1:
-        leaf = (epsilon, delta)
-        led.add("leaf PGE-lite", *leaf, sensitivity="2r mean, sqrt(2)(2r)^2 covariance")
-        return led.check(), {"node": None, "leaf": leaf, "n_aff": 0}
-    eps_node, delta_node = 0.7 * epsilon / n_aff, 0.7 * delta / n_aff
-    full = node_budget(eps_node, delta_node, True)
-    for piece, (e, dl) in full.items():
-        led.add(f"node {piece}", e, dl, multiplicity=n_aff,
+    leaf_note = "2r mean, sqrt(2)(2r)^2 covariance"
+    if accountant == "basic":
+        led = Ledger(epsilon, delta)
+        if k == 1:
+            led.add("leaf PGE-lite", epsilon, delta, sensitivity=leaf_note)
+            return led, {"node": None, "leaf": Spend(epsilon, delta), "n_aff": 0}
+        node = {"accountant": "basic", "epsilon": 0.7 * epsilon / n_aff,
+                "delta": 0.7 * delta / n_aff}
+        leaf = Spend(0.15 * epsilon, 0.15 * delta)
+    else:
+        delta_z = delta if k == 1 else ZCDP_DELTA_SHARE * delta
+        led = Ledger(epsilon, delta, accountant="zcdp", delta_z=delta_z)
+        rho = zcdp_rho(epsilon, delta_z)
+        if k == 1:
+            led.add("leaf PGE-lite", math.sqrt(2 * rho), kind="gaussian", zcdp=rho,
+                    sensitivity=leaf_note)
+            return led, {"node": None, "leaf": Spend(math.sqrt(2 * rho), 0.0, rho),
+                         "n_aff": 0}
+        tv = (delta - delta_z) / (1.0 + math.exp(epsilon))
+        node = {"accountant": "zcdp", "rho": 0.7 * rho / n_aff, "delta_tv": tv / n_aff}
+        leaf = Spend(math.sqrt(2 * 0.15 * rho), 0.0, 0.15 * rho)
+    full = node_budget(node, True)
+    n_hist = sum(_kind(p) == "stable" for p in full)
+    for piece, sp in full.items():
+        kind = _kind(piece)
+        led.add(f"node {piece}", sp.epsilon, 0.0 if accountant == "zcdp" else sp.delta,
+                multiplicity=n_aff, kind=kind if accountant == "zcdp" else "approx",
+                zcdp=sp.zcdp,
+                delta_tv=node.get("delta_tv", 0.0) / n_hist if kind == "stable" else 0.0,
                 note="without PCA (k_node >= d) the S2-S3 shares are renormalised to the "
                      "same node total")
-    leaf = (0.15 * epsilon, 0.15 * delta)
-    led.add("leaf PGE-lite", *leaf, multiplicity=2,
-            sensitivity="2r mean, sqrt(2)(2r)^2 covariance")
-    return led.check(), {"node": (eps_node, delta_node), "leaf": leaf, "n_aff": n_aff}
+    led.add("leaf PGE-lite", leaf.epsilon, 0.0 if accountant == "zcdp" else leaf.delta,
+            multiplicity=2, kind="gaussian" if accountant == "zcdp" else "approx",
+            zcdp=leaf.zcdp, sensitivity=leaf_note)
+    return led, {"node": node, "leaf": leaf, "n_aff": n_aff}
+
+
+def pgme_ledger(k: int, d: int, epsilon: float, delta: float,
+                accountant: str = "basic") -> tuple[Ledger, dict]:
+    """Worst-path ledger from public inputs only; returns it with the node and leaf budgets.
+
+    ``accountant``: ``basic`` (default), ``zcdp`` or ``auto`` (the one with the larger
+    per-piece budgets, :func:`klrelease.privacy.ledger.choose_accountant`). The chosen name is
+    ``ledger.accountant``.
+    """
+    _, (led, bud) = choose_accountant(
+        accountant, lambda a: _pgme_ledger(k, epsilon, delta, a))
+    return led.check(), bud
 
 
 def _budget_piece(b: dict, prefix: str) -> dict:
@@ -91,7 +153,8 @@ def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
                rng: np.random.Generator, R: float = 10.0, sigma_min: float = 0.1,
                sigma_max: float = 3.0, w_min: float | None = None, beta: float = 0.05,
                c: float = 5.0, mult: float = 3.0, seed: int | None = None,
-               progress: bool = False, **_ignored) -> LearnResult:
+               accountant: str = "basic", progress: bool = False,
+               **_ignored) -> LearnResult:
     """Kamath et al. PGME with the practical replacements of ``KAMATH.md`` section 2.3.
 
     Parameters (all public)
@@ -103,12 +166,14 @@ def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
     c : terrific-ball factor; mult : bounding-ball multiplier ([PRACTICAL] 3, paper 12).
     seed : seed of the structural randomness (grid shifts, rotations); drawn from ``rng``
         before the data is read when omitted.
+    accountant : ``basic`` (default), ``zcdp`` or ``auto`` (chosen from public inputs before
+        the data is read; recorded in the ledger and the privacy block).
     """
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
     k = int(n_components)
     w_min = 1.0 / (2 * k) if w_min is None else float(w_min)
-    ledger, bud = pgme_ledger(k, d, epsilon, delta)
+    ledger, bud = pgme_ledger(k, d, epsilon, delta, accountant)
     g = guarantee(ledger, "Kamath et al. PGME (practical)", DOC)
     master = structure_seed(rng, seed)
     lam = R + sigma_max * (math.sqrt(d) + math.sqrt(2.0 * math.log(n / beta)))
@@ -119,7 +184,7 @@ def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
         # Public preflight (n, k, d, eps, beta only): with t <= Gamma the terrific-radius
         # threshold is vacuous even on the shortest grid, and a heavy cell can never reach the
         # stable-histogram threshold when it exceeds n; the run then cannot split.
-        b0 = node_budget(*bud["node"], k < d)
+        b0 = node_budget(bud["node"], k < d)
         gamma_min = 16.0 / b0["s3_radius"][0] * math.log(2.0 / beta)
         tau_h = stable_histogram_threshold(*b0["s3_hist"])
         diag["preflight"] = {"gamma_min": gamma_min, "stable_hist_threshold": tau_h}
@@ -138,7 +203,7 @@ def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
             leaves.append((S, ball))
             return
         with_pca = k_node < d
-        b = node_budget(*bud["node"], with_pca)
+        b = node_budget(bud["node"], with_pca)
         struct = structure_rng(master, path)
         n_prime = laplace_count(len(S), b["count"][0], rng) - n * w_min / 20.0
         bb = bounding_ball_lite(S, n_prime, ball, {"centre": b["bb_centre"],
@@ -158,7 +223,7 @@ def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
             return
         if with_pca:
             pe, pd = b["pca"]
-            V = private_pca(S, bb.centre, bb.radius, k_node, pe, pd, rng)
+            V = private_pca(S, bb.centre, bb.radius, k_node, pe, pd, rng, zcdp=b["pca"].zcdp)
             Z = (S - bb.centre) @ V
             L_proj = math.sqrt(k_node) * sigma_min / 2.0
             found = pterrific_ball(Z, t, c, True, _budget_piece(b, "s6"), bb.radius, L_proj,
@@ -179,7 +244,8 @@ def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
         est = []
         for C, ball in leaves:
             mu, Sig, cnt = pge_lite(C, ball, *bud["leaf"], 2, beta,
-                                    1e-3 * sigma_max**2, 4.0 * sigma_max**2, rng)
+                                    1e-3 * sigma_max**2, 4.0 * sigma_max**2, rng,
+                                    zcdp=bud["leaf"].zcdp)
             est.append((cnt, mu, Sig))
     except (np.linalg.LinAlgError, FloatingPointError, ValueError):
         # a numerical failure is mapped to FAIL inside the privacy boundary (rule 5)

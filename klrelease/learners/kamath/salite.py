@@ -23,7 +23,7 @@ import warnings
 import numpy as np
 
 from ..._threads import blas_single_thread
-from ...privacy.ledger import Ledger
+from ...privacy.ledger import Ledger, Spend, choose_accountant, zcdp_rho
 from ...privacy.toolbox import (
     above_threshold,
     exponential_mechanism,
@@ -44,27 +44,57 @@ _SHARES = {"radius": 0.30, "select": 0.30, "stage1": 0.10, "stage2": 0.10, "weig
            "variance": 0.10}
 
 
-def salite_ledger(k: int, epsilon: float, delta: float) -> tuple[Ledger, dict]:
-    led = Ledger(epsilon, delta)
-    e_r, d_r = epsilon / k, delta / k
-    b = {key: e_r * s for key, s in _SHARES.items()}
-    d_piece = d_r / 4.0
-    e_sel = b["select"]
+def _salite_ledger(k: int, epsilon: float, delta: float, accountant: str
+                   ) -> tuple[Ledger, dict]:
+    b: dict = {}
+    if accountant == "basic":
+        led = Ledger(epsilon, delta)
+        e_r, d_r = epsilon / k, delta / k
+        d_piece = d_r / 4.0
+        e = {key: e_r * s for key, s in _SHARES.items()}
+        b["radius"], b["weight"] = e["radius"], e["weight"]
+        e_sel = e["select"]
+        b["delta_tv"] = d_piece / (1.0 + math.exp(e_sel))
+        for key in ("stage1", "stage2", "variance"):
+            b[key] = Spend(e[key], d_piece)
+        sel_delta = d_piece
+        kinds = {"pure": "approx", "gaussian": "approx", "stable": "approx"}
+    else:
+        led = Ledger(epsilon, delta, accountant="zcdp")
+        rho_r = zcdp_rho(epsilon, led.delta_z) / k
+        rho = {key: rho_r * s for key, s in _SHARES.items()}
+        b["radius"], b["weight"] = (math.sqrt(2 * rho[key]) for key in ("radius", "weight"))
+        e_sel = math.sqrt(2 * rho["select"])
+        b["delta_tv"] = (delta - led.delta_z) / (1.0 + math.exp(epsilon)) / k
+        for key in ("stage1", "stage2", "variance"):
+            b[key] = Spend(math.sqrt(2 * rho[key]), 0.0, rho[key])
+        sel_delta = 0.0
+        kinds = {"pure": "pure", "gaussian": "gaussian", "stable": "stable"}
     b["select_a"], b["select_b"] = e_sel / 3.0, 2.0 * e_sel / 3.0
-    b["delta_tv"] = d_piece / (1.0 + math.exp(e_sel))
-    b["delta_piece"] = d_piece
+    zc = accountant == "zcdp"
     led.add("round: block GoodRadius (AboveThreshold)", b["radius"], multiplicity=k,
-            sensitivity="2 (one block)")
-    led.add("round: StableSelect of the cell", e_sel, d_piece, multiplicity=k,
+            kind=kinds["pure"], sensitivity="2 (one block)")
+    led.add("round: StableSelect of the cell", e_sel, sel_delta, multiplicity=k,
+            kind=kinds["stable"], delta_tv=b["delta_tv"] if zc else 0.0,
             note="(eps_a + eps_b, (1 + e^{eps_a+eps_b}) delta_TV), eps_a:eps_b = 1:2")
-    led.add("round: stage-1 NoisySumCount", b["stage1"], d_piece, multiplicity=k,
-            sensitivity="2 rho_1")
-    led.add("round: stage-2 NoisySumCount", b["stage2"], d_piece, multiplicity=k,
-            sensitivity="2 rho_2")
-    led.add("round: weight (exponential mechanism)", b["weight"], multiplicity=k,
-            sensitivity="1 (one block)")
-    led.add("round: log-variance NoisySumCount", b["variance"], d_piece, multiplicity=k,
-            sensitivity="2 rho_v")
+    for key, label, sens in (("stage1", "stage-1 NoisySumCount", "2 rho_1"),
+                             ("stage2", "stage-2 NoisySumCount", "2 rho_2"),
+                             ("variance", "log-variance NoisySumCount", "2 rho_v")):
+        sp = b[key]
+        led.add(f"round: {label}", sp.epsilon, sp.delta, multiplicity=k,
+                kind=kinds["gaussian"], zcdp=sp.zcdp, sensitivity=sens)
+        if key == "variance":
+            led.add("round: weight (exponential mechanism)", b["weight"], multiplicity=k,
+                    kind=kinds["pure"], sensitivity="1 (one block)")
+    return led, b
+
+
+def salite_ledger(k: int, epsilon: float, delta: float,
+                  accountant: str = "basic") -> tuple[Ledger, dict]:
+    """Worst-path ledger of the k rounds (``basic``, ``zcdp`` or ``auto``), public inputs only.
+    """
+    _, (led, b) = choose_accountant(accountant,
+                                    lambda a: _salite_ledger(k, epsilon, delta, a))
     return led.check(), b
 
 
@@ -137,19 +167,21 @@ def learn_salite(X, n_components: int, *, epsilon: float, delta: float,
                  rng: np.random.Generator, R: float = 10.0, sigma_min: float = 0.1,
                  sigma_max: float = 3.0, alpha: float = 0.1, beta: float = 0.05,
                  block_size: int | None = None, agree: float = 0.8, n_init: int = 3,
-                 seed: int | None = None, progress=None, **_ignored) -> LearnResult:
+                 seed: int | None = None, accountant: str = "basic", progress=None,
+                 **_ignored) -> LearnResult:
     """Kamath et al. sample-and-aggregate, practical (SA-lite).
 
     Public parameters: ``R`` bound on the mean norms (block means are clipped to it),
     ``sigma_min``, ``sigma_max`` standard-deviation bounds, ``alpha`` weight-bin width times
     k, ``block_size`` (default ``max(30, 10 k (d + 1))``), ``agree`` the fraction of blocks the
-    radius query targets (``t = ceil(agree m)``), ``n_init`` EM restarts per block.
+    radius query targets (``t = ceil(agree m)``), ``n_init`` EM restarts per block,
+    ``accountant`` ``basic`` (default), ``zcdp`` or ``auto`` (public inputs only).
     ``progress``, when callable, is called with 1 after each block's fit.
     """
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
     k = int(n_components)
-    led, b = salite_ledger(k, epsilon, delta)
+    led, b = salite_ledger(k, epsilon, delta, accountant)
     g = guarantee(led, "Kamath et al. sample-and-aggregate (SA-lite, practical)", DOC)
     master = structure_seed(rng, seed)
     n_b = int(block_size) if block_size else max(30, 10 * k * (d + 1))
@@ -206,7 +238,7 @@ def learn_salite(X, n_components: int, *, epsilon: float, delta: float,
         reps = [M[bb, np.argmin(np.where(in_cell[bb], dist[bb], np.inf))]
                 for bb in range(m) if in_cell[bb].any()]
         c1, n1 = noisy_sum_count(np.array(reps).reshape(-1, d), gc, s * math.sqrt(d) / 2,
-                                 b["stage1"], b["delta_piece"], rng)
+                                 *b["stage1"], rng, zcdp=b["stage1"].zcdp)
         if n1 < 1:
             rec["outcome"] = "empty cell"
             break
@@ -214,7 +246,7 @@ def learn_salite(X, n_components: int, *, epsilon: float, delta: float,
         dist = np.where(active, np.linalg.norm(M - c1, axis=2), np.inf)
         near = dist.min(axis=1) <= rho2
         reps = M[np.arange(m), dist.argmin(axis=1)][near]
-        mu, n2 = noisy_sum_count(reps, c1, rho2, b["stage2"], b["delta_piece"], rng)
+        mu, n2 = noisy_sum_count(reps, c1, rho2, *b["stage2"], rng, zcdp=b["stage2"].zcdp)
         mu = c1 if n2 < 1 else mu
         dist = np.where(active, np.linalg.norm(M - mu, axis=2), np.inf)
         near = dist.min(axis=1) <= 3.0 * r_t
@@ -225,7 +257,7 @@ def learn_salite(X, n_components: int, *, epsilon: float, delta: float,
         lv = np.clip(np.log(np.maximum(Vv[np.arange(m), rep_j][near], 1e-300)), lv_lo, lv_hi)
         centre_v = np.array([(lv_lo + lv_hi) / 2])
         lv_hat, _ = noisy_sum_count(lv.reshape(-1, 1), centre_v, (lv_hi - lv_lo) / 2 + 1e-12,
-                                    b["variance"], b["delta_piece"], rng)
+                                    *b["variance"], rng, zcdp=b["variance"].zcdp)
         var = float(np.exp(np.clip(lv_hat[0], lv_lo, lv_hi)))
         active &= ~(dist <= 3.0 * r_t)
         out_means.append(mu)
