@@ -123,12 +123,15 @@ def unit_mean_noise(
                 results = sdp_passes.solve_affine(
                     sigma_inv, rows, gram, data, solver=name, origin=origin,
                     transform=transform)
+            except sdp_passes.RowsTooFlat:
+                flat = True  # the rows are too flat for passes: solved in memory below
+                break
             except solvers.SolverFailed as exc:
                 failures.append(str(exc))
                 continue
-            except np.linalg.LinAlgError:
-                flat = True  # the rows are too flat for passes: solved in memory below
-                break
+            except np.linalg.LinAlgError:  # from a backend's output: untrusted, try the next
+                failures.append(f"{name}: a linear-algebra error on its result")
+                continue
             G1 = np.stack([r.G for r in results])
             T = np.einsum("kij,kji->k", sigma_inv, G1)
             return UnitMeanNoise(G1=G1, T=T, solver=SolverReport.combine(results))

@@ -56,7 +56,8 @@ from .canonical import Canonical, balanced_frame, whitened_frame
 from .problem import FEASIBILITY_TOL, SDPResult, SolverFailed
 from .reduction import MAX_ROUNDS, solve_reduced
 
-__all__ = ["AffineRows", "MemoryRows", "affine_gram", "solve_affine", "POOL_ROWS"]
+__all__ = ["AffineRows", "MemoryRows", "RowsTooFlat", "affine_gram", "solve_affine",
+           "POOL_ROWS"]
 
 #: Rows kept per problem and pass: the pool the in-memory active set is run on.
 POOL_ROWS = 6000
@@ -72,6 +73,11 @@ ADD_ROWS_PER_DIM = 2
 #: Relative margin on the bound that certifies the rows left out of a pool (covers the
 #: rounding of their scores).
 BOUND_MARGIN = 1e-9
+
+
+class RowsTooFlat(ValueError):
+    """The rows of a problem do not span the feature space: solve it with the rows in memory
+    (:func:`.dispatch.mean_noise_sdp`). Raised before any solver runs."""
 
 
 @dataclass(frozen=True)
@@ -240,7 +246,7 @@ class _Problem:
         lam, Q = np.linalg.eigh(0.5 * (gu + gu.T))
         lam, Q = lam[::-1], Q[:, ::-1]
         if not lam[0] > 0 or lam[-1] <= GRAM_RANK_TOL * lam[0]:
-            raise np.linalg.LinAlgError("the rows do not span the feature space")
+            raise RowsTooFlat("the rows do not span the feature space")
         self.lam, self.Q, self.P = lam, Q, self.L @ Q  # u = v P / scale
         self.backend = BACKENDS[backend_name]
         self.native = backend_name == "native"
