@@ -159,7 +159,6 @@ class Release(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Release:
-        from .mechanisms import get_mechanism
 
         d = self.gmm.n_features
         if self.feature_names and len(self.feature_names) != d:
@@ -167,18 +166,7 @@ class Release(BaseModel):
                              "features")
         if self.randomness.secure and self.randomness.seed is not None:
             raise ValueError("randomness: a secure release has no seed")
-        mech = get_mechanism(self.mechanism)
-        opts = mech.validate_options(self.settings)
-        if opts.adjacency != self.privacy.neighbouring:
-            raise ValueError("privacy: the neighbouring relation does not match the settings")
-        expected = self.randomness.secure and mech.certifies(opts, self.options)
-        if self.privacy.certified != expected:
-            raise ValueError(
-                f"tampered privacy claim: the artifact says certified={self.privacy.certified}"
-                f", but {self.mechanism} with these settings and "
-                f"{'secure' if self.randomness.secure else 'seeded'} noise is "
-                f"{'certified' if expected else 'NOT certified'}"
-            )
+        _check_claim(self, "artifact")
         return self
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -275,24 +263,12 @@ class FailDocument(BaseModel):
             if self.privacy.certified and not self.randomness.secure:
                 raise ValueError("tampered privacy claim: a seeded run is never certified")
             return self
-        from .mechanisms import get_mechanism
 
         if self.schema_version is None or (self.schema_version.split(".")[0]
                                            != SCHEMA_VERSION.split(".")[0]):
             raise ValueError(f"artifact schema {self.schema_version!r} is not readable by "
                              f"this version (schema {SCHEMA_VERSION})")
-        mech = get_mechanism(self.mechanism)
-        opts = mech.validate_options(self.settings)
-        if opts.adjacency != self.privacy.neighbouring:
-            raise ValueError("privacy: the neighbouring relation does not match the settings")
-        expected = self.randomness.secure and mech.certifies(opts, self.options)
-        if self.privacy.certified != expected:
-            raise ValueError(
-                f"tampered privacy claim: the document says certified={self.privacy.certified}"
-                f", but {self.mechanism} with these settings and "
-                f"{'secure' if self.randomness.secure else 'seeded'} noise is "
-                f"{'certified' if expected else 'NOT certified'}"
-            )
+        _check_claim(self, "document")
         return self
 
     @property
@@ -332,3 +308,22 @@ def read_document(path) -> Release | FailDocument:
         where = ".".join(str(x) for x in first.get("loc", ())) or "document"
         msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
         raise ValueError(f"not a valid FAIL document ({where}: {msg})") from None
+
+
+def _check_claim(doc, kind: str) -> None:
+    """Recompute a release's or FAIL document's certified flag from its mechanism, settings
+    and randomness; a claim that differs was tampered with."""
+    from .mechanisms import get_mechanism
+
+    mech = get_mechanism(doc.mechanism)
+    opts = mech.validate_options(doc.settings)
+    if opts.adjacency != doc.privacy.neighbouring:
+        raise ValueError("privacy: the neighbouring relation does not match the settings")
+    expected = doc.randomness.secure and mech.certifies(opts, doc.options)
+    if doc.privacy.certified != expected:
+        raise ValueError(
+            f"tampered privacy claim: the {kind} says certified={doc.privacy.certified}"
+            f", but {doc.mechanism} with these settings and "
+            f"{'secure' if doc.randomness.secure else 'seeded'} noise is "
+            f"{'certified' if expected else 'NOT certified'}"
+        )
