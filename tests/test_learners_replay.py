@@ -111,3 +111,17 @@ def test_replay_detects_noise_shaped_by_private_data():
     with recording(replay=tape) as tape_s:
         leaky(Xs)
     assert tape_s.trace() != tape.trace()
+
+
+def test_a_seeded_learner_run_is_never_certified_and_cannot_be_spent_as_one():
+    from klrelease.learners import learn
+    from klrelease.privacy.guarantee import BudgetAccountant
+
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(size=(300, 2)), rng.normal(size=(300, 2)) + 40.0])
+    res = learn(X, 2, epsilon=1.0, delta=1e-6, learner="afzali-style-sample-aggregate", seed=1)
+    assert not res.secure and not res.guarantee.certified
+    assert res.to_dict()["privacy"]["certified"] is False
+    acc = BudgetAccountant(1.0, 1e-6)
+    with pytest.raises(ValueError):
+        acc.spend(res.guarantee)

@@ -69,7 +69,7 @@ class LearnResult:
             "reason": self.reason,
             "privacy": {
                 "epsilon": g.epsilon, "delta": g.delta, "neighbouring": g.neighbouring,
-                "certified": g.certified and self.secure, "statement": g.statement,
+                "certified": g.certified, "statement": g.statement,
                 "reasons": list(g.reasons), "accounting": g.accounting,
                 **({"accountant": self.diagnostics["ledger"]["accountant"]}
                    if "accountant" in self.diagnostics.get("ledger", {}) else {}),
@@ -181,5 +181,5 @@ def learn(X, n_components: int, *, epsilon: float, delta: float, learner: str,
     if not src.secure:
         from dataclasses import replace
 
-        res = replace(res, secure=False)
+        res = replace(res, secure=False, guarantee=res.guarantee.seeded())
     return res

@@ -165,7 +165,9 @@ def _pld_accountant(guarantees: list[Guarantee]) -> PLDAccountant:
 
 
 class BudgetExceeded(ValueError):
-    """A release refused by a :class:`BudgetAccountant`."""
+    """A privacy budget would be exceeded: a release refused by a :class:`BudgetAccountant`,
+    or a learner's worst-path ledger above the request (public facts, raised before any data
+    is read)."""
 
 
 class BudgetAccountant:

@@ -2,7 +2,7 @@
 
 A learner lists every mechanism it may run, with its budget and how many times it can run on
 inputs that differ between two neighbouring datasets on the worst path (``multiplicity``).
-Two accountants (``ledger.md`` beside this module has the proofs):
+Two accountants (the proofs are in ``toolbox.md`` beside this module, paragraph "Ledger"):
 
 * ``basic``: each piece is (epsilon_i, delta_i)-DP and the worst-path guarantee is the sum of
   ``multiplicity * (epsilon_i, delta_i)`` (adaptive basic composition). A group of mechanisms
@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .guarantee import BudgetExceeded
+
 __all__ = ["LedgerEntry", "Ledger", "BudgetExceeded", "Spend", "ACCOUNTANTS", "zcdp_rho",
            "zcdp_epsilon", "choose_accountant", "check_accountant", "ZCDP_DELTA_SHARE"]
 
@@ -39,10 +41,6 @@ ZCDP_DELTA_SHARE = 0.5
 
 #: Relative slack for floating-point sums of budget shares.
 _TOL = 1e-9
-
-
-class BudgetExceeded(ValueError):
-    """The worst-path total of a ledger exceeds the requested budget (a public fact)."""
 
 
 def check_accountant(accountant: str) -> str:
