@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import logging
+import platform
 import warnings
 
 import numpy as np
 
-from .artifact import FailDocument, PrivacyBlock, RandomnessBlock, Release, SolverBlock
+from ._version import __version__
+from .artifact import (
+    SCHEMA_VERSION,
+    FailDocument,
+    PrivacyBlock,
+    RandomnessBlock,
+    Release,
+    SolverBlock,
+)
 from .data import as_labelled_data, check_privacy_parameters
 from .domain import Domain
 from .kl import KLEstimate, monte_carlo_kl
@@ -173,64 +182,49 @@ def release(
     g = p.guarantee if src.secure else p.guarantee.seeded()
     if accountant is not None:
         accountant.check(g)
+    privacy, randomness = _blocks(g, src)
     try:
         gmm = p.draw(src.generator)
     except MechanismFailed as exc:
         # FAIL is an output of the mechanism (its proof covers it): it spends the budget and
         # comes back as an artifact of public content, attached to the exception
+        exc.result = FailDocument(
+            schema_version=SCHEMA_VERSION, library_version=__version__,
+            python_version=platform.python_version(), mechanism=p.mechanism, status="FAIL",
+            stage=exc.stage, reason=exc.reason,
+            feature_names=list(data.feature_names), privacy=privacy,
+            options=p.public_options, settings=opts.as_dict(), randomness=randomness,
+        ).model_dump(mode="json", exclude={"learner", "diagnostics"})
+        raise
+    finally:  # noise may have been drawn: the budget is spent whatever happened
         if accountant is not None:
             accountant.spend(g)
         if not g.certified:
             warnings.warn(f"{p.mechanism}: {g.statement}", PrivacyLeakWarning, stacklevel=2)
-        exc.result = _fail_artifact(p, g, opts, src, data, exc)
-        raise
-    if accountant is not None:
-        accountant.spend(g)
-    if not g.certified:
-        warnings.warn(f"{p.mechanism}: {g.statement}", PrivacyLeakWarning, stacklevel=2)
     solver = None
     if p.solver is not None:
         solver = SolverBlock(solver=p.solver.solver, status=p.solver.status,
                              time_s=round(p.solver.time, 4), n_solves=p.solver.n_solves)
-    note = ("noise from a ChaCha20 CSPRNG keyed by the operating system" if src.secure else
-            "seeded generator: reproducible, for experiments only; not a secure release")
+    options = p.public_options
+    if getattr(p, "fallbacks", 0):  # a function of released values (or of a failed read)
+        options = {**options, "fallback": "the cruder stage-A estimate was released"}
     out = Release(
-        mechanism=p.mechanism,
-        gmm=gmm,
-        feature_names=list(data.feature_names),
-        privacy=PrivacyBlock(
-            epsilon=g.epsilon, delta=g.delta, neighbouring=g.neighbouring,
-            certified=g.certified, statement=g.statement, reasons=list(g.reasons),
-            accounting=g.accounting,
-        ),
-        options=p.public_options,
-        settings=opts.as_dict(),
-        solver=solver,
-        randomness=RandomnessBlock(secure=src.secure, seed=src.seed, note=note),
+        mechanism=p.mechanism, gmm=gmm, feature_names=list(data.feature_names),
+        privacy=privacy, options=options, settings=opts.as_dict(), solver=solver,
+        randomness=randomness,
     )
     log.info("released %s", out.summary())
     return out
 
 
-def _fail_artifact(p: Plan, g, opts, src, data, exc: MechanismFailed) -> dict:
-    """The FAIL outcome as a document shaped like a release artifact, without a GMM."""
+def _blocks(g, src) -> tuple[PrivacyBlock, RandomnessBlock]:
+    """The privacy and randomness blocks of a release or FAIL document."""
     privacy = PrivacyBlock(epsilon=g.epsilon, delta=g.delta, neighbouring=g.neighbouring,
                            certified=g.certified, statement=g.statement,
                            reasons=list(g.reasons), accounting=g.accounting)
     note = ("noise from a ChaCha20 CSPRNG keyed by the operating system" if src.secure else
             "seeded generator: reproducible, for experiments only; not a secure release")
-    randomness = RandomnessBlock(secure=src.secure, seed=src.seed, note=note)
-    release = Release.model_construct(mechanism=p.mechanism, gmm=None, privacy=privacy,
-                                      randomness=randomness, settings=opts.as_dict(),
-                                      options=p.public_options)
-    doc = FailDocument(
-        schema_version=release.schema_version, library_version=release.library_version,
-        python_version=release.python_version, mechanism=p.mechanism, status="FAIL",
-        stage=exc.stage, reason=exc.reason, feature_names=list(data.feature_names),
-        privacy=privacy, options=p.public_options, settings=opts.as_dict(),
-        randomness=randomness,
-    )
-    return doc.model_dump(mode="json", exclude={"learner", "diagnostics"})
+    return privacy, RandomnessBlock(secure=src.secure, seed=src.seed, note=note)
 
 
 def expected_kl(p: Plan, reference, *, n_draws: int = 100, seed=None) -> KLEstimate:

@@ -349,6 +349,7 @@ def test_a_source_failing_after_noise_gives_the_stage_a_release():
                               epsilon=1.0, delta=1e-6, seed=2)
     assert Flaky.passes == 3
     assert r.gmm.weights.shape == (3,) and np.all(np.isfinite(r.gmm.means))
+    assert "stage-A" in r.options["fallback"]
 
 
 def test_text_labels_read_the_same_in_memory_and_streamed(tmp_path):
@@ -381,3 +382,20 @@ def test_text_labels_read_the_same_in_memory_and_streamed(tmp_path):
         klrelease.release(X, bad, **kw)
     with pytest.raises(ValueError, match=msg):
         klrelease.release(ArraySource(X, bad, chunk_rows=100), None, **kw)
+
+
+def test_a_defect_after_noise_is_not_hidden_by_the_stage_a_fallback(monkeypatch):
+    """Only a source that cannot be read falls back (the test above); a defect after noise,
+    here a TypeError, raises instead of hiding behind a cruder model."""
+    from klrelease.mechanisms.kl_certified import mechanism as m
+
+    X, y = _data(n=2000)
+
+    def broken(self, fn, d):
+        raise TypeError("a defect")
+
+    monkeypatch.setattr(m._StreamRows, "stats", broken)
+    with warnings.catch_warnings(), pytest.raises(TypeError):
+        warnings.simplefilter("ignore")
+        klrelease.release(ArraySource(X, y, classes=CLASSES), None, epsilon=1.0, delta=1e-6,
+                          seed=2)

@@ -310,6 +310,17 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
             total_scatter, sums, counts, total, where)
 
 
+def _source_errors() -> tuple[type[BaseException], ...]:
+    """What a chunked source raises when it cannot be read (validation raises ValueError;
+    a Dask cluster that lost its workers, KilledWorker)."""
+    import sys
+
+    errors: list[type[BaseException]] = [OSError, EOFError, ValueError]
+    if "distributed" in sys.modules:
+        errors.append(sys.modules["distributed"].KilledWorker)
+    return tuple(errors)
+
+
 @dataclass
 class KLCertifiedPlan(Plan):
     """The output law of ``kl-certified`` on one dataset (holds private values: never publish).
@@ -338,6 +349,18 @@ class KLCertifiedPlan(Plan):
         return self.rows.stats(_RegionClip(np.asarray(reg.centres), np.asarray(reg.W),
                                            pub.region_radius), pub.n_features)
 
+    def _read(self, stage, arg):
+        """A pass over the rows after noise was drawn. A chunked source that fails to read
+        then (an I/O error, a lost worker, a file changed during the release: a row that no
+        longer validates) must not fail the release: ``None`` makes it the post-processing of
+        stage A alone (see :meth:`finalize`). Any other exception is a defect and raises."""
+        try:
+            return stage(arg)
+        except _source_errors():
+            if isinstance(self.rows, _MemoryRows):
+                raise
+            return None
+
     # --------------------------------------------------------------------------- the law
     @blas_single_thread
     def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -347,22 +370,20 @@ class KLCertifiedPlan(Plan):
             "counts": self.counts + rng.standard_normal(K) * pub.count_sd,
             "sums": self.sums + rng.standard_normal((K, d)) * pub.sums_sd,
         }
-        try:
-            if not pub.label_flip:
-                from .design import centres
+        stage_a = {"counts": out["counts"], "sums": out["sums"]}
+        if not pub.label_flip:
+            from .design import centres
 
-                m1 = centres(pub, out["counts"], out["sums"])[1]
-                out["scatter"] = self._stage_b(m1) + symmetric_gaussian(
-                    rng, np.asarray(pub.scatter_sd), d)
-            design = stage_c_design(pub, out)
-            S1, S2 = self._stage_c(design)
-        except Exception:
-            # A chunked source that fails to read after noise was drawn (an I/O error, a
-            # worker lost, a file changed during the release): the release must not fail
-            # now, so it is the post-processing of stage A alone (see finalize).
-            if isinstance(self.rows, _MemoryRows):
-                raise
-            return {"counts": out["counts"], "sums": out["sums"]}
+            m1 = centres(pub, out["counts"], out["sums"])[1]
+            S_B = self._read(self._stage_b, m1)
+            if S_B is None:
+                return stage_a
+            out["scatter"] = S_B + symmetric_gaussian(rng, np.asarray(pub.scatter_sd), d)
+        design = stage_c_design(pub, out)
+        stats = self._read(self._stage_c, design)
+        if stats is None:
+            return stage_a
+        S1, S2 = stats
         noise = design["noise"]
         out["class_sums"] = S1 + rng.standard_normal((K, d)) * noise.mean_sd[:, None]
         released = np.isfinite(noise.cov_sd)
