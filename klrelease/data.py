@@ -202,9 +202,8 @@ def as_labelled_data(
         that is too small.
     """
     if isinstance(X, LabelledData):
-        _check_class_sizes(X.codes, X.n_classes, X.n_features,
-                           max(2, X.n_features + 1) if min_class_size is None
-                           else int(min_class_size))
+        check_class_sizes(np.bincount(X.codes, minlength=X.n_classes), X.n_features,
+                          min_class_size)
         if bounds is None and norm_bound is None:
             return X
         return replace(X, domain=Domain.from_public(bounds, norm_bound, X.n_features))
@@ -228,8 +227,7 @@ def as_labelled_data(
     K = len(classes_t)
     if K < 2:
         raise ValueError("at least two classes are needed to release a mixture")
-    _check_class_sizes(codes, K, d, max(2, d + 1) if min_class_size is None
-                       else int(min_class_size))
+    check_class_sizes(np.bincount(codes, minlength=K), d, min_class_size)
     domain = Domain.from_public(bounds, norm_bound, d)
     names = tuple(feature_names) if feature_names is not None else tuple(
         f"x{i}" for i in range(d)
@@ -239,13 +237,14 @@ def as_labelled_data(
     return LabelledData(X, codes, classes_t, domain, names, classes is not None)
 
 
-def _check_class_sizes(codes: np.ndarray, K: int, d: int, need: int) -> None:
-    """Refuse a class smaller than ``need`` (only for mechanisms that set such a floor; the
-    refusal depends on private class sizes, so no certified mechanism sets one)."""
+def check_class_sizes(counts: np.ndarray, d: int, min_class_size: int | None) -> None:
+    """Refuse a class with fewer rows than a mechanism's ``min_class_size`` (``None``: d + 1,
+    so that class covariances are invertible; 0: never). The refusal depends on private class
+    sizes: only mechanisms that are not certified (kl-paper) keep the default."""
+    need = max(2, d + 1) if min_class_size is None else int(min_class_size)
     if need <= 0:
         return
-    counts = np.bincount(codes, minlength=K)
-    if np.any(counts < need):
+    if np.any(np.asarray(counts) < need):
         raise ValueError(
             f"every class needs at least {need} rows (more than the {d} features, so that its "
             "covariance is invertible); at least one class is smaller"

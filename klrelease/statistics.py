@@ -108,22 +108,19 @@ class _DomainClip:
         return self.domain.clip(rows)
 
 
-def source_statistics(source, domain=None) -> ClassStatistics:
+def source_statistics(source, domain=None, min_class_size: int | None = None) -> ClassStatistics:
     """:func:`class_statistics` of a chunked :class:`~klrelease.stream.Source` in one pass,
     each row clipped to the public ``domain`` (a :class:`~klrelease.domain.Domain`, or
     ``None``: rows as read) before it is accumulated.
 
-    Every class must hold more than d rows (as for arrays: the class covariance must be
-    invertible); the refusal names no count.
+    Classes smaller than ``min_class_size`` are refused as for arrays
+    (:func:`klrelease.data.check_class_sizes`); the refusal names no count.
     """
+    from .data import check_class_sizes
+
     m = source.moments(None if domain is None else _DomainClip(domain))
     counts = np.rint(m.counts).astype(np.int64)
-    d = source.n_features
-    if np.any(counts < max(2, d + 1)):  # as klrelease.data._check_class_sizes words it
-        raise ValueError(
-            f"every class needs at least {max(2, d + 1)} rows (more than the {d} features, so "
-            "that its covariance is invertible); at least one class is smaller"
-        )
+    check_class_sizes(counts, source.n_features, min_class_size)
     covs = m.scatters / (counts - 1.0)[:, None, None]
     covs = 0.5 * (covs + covs.transpose(0, 2, 1))
     return ClassStatistics(counts=counts, means=m.means, covariances=covs)

@@ -154,6 +154,9 @@ class ColoredGaussian(Mechanism):
     """Colored Gaussian mean noise (Ravi et al.), designed on the data or on public bounds."""
 
     name = "colored-gaussian"
+    #: The one refusal on class sizes is :func:`.common.resolve_common`'s, on the public
+    #: ``min_class_size`` that the guarantee assumes.
+    min_class_size = 0
     summary = ("colored Gaussian mean noise (Ravi et al. 2022): design 'data' (paper; not "
                "certified) or 'public' (certified)")
     Options = ColoredGaussianOptions

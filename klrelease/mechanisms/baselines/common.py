@@ -214,7 +214,7 @@ def resolve_common(data: LabelledData, opts: dict, mechanism: str, *,
             raise ValueError("covariance_floor must be a finite number > 0")
 
     if streamed:
-        stats = source_statistics(data, domain)
+        stats = source_statistics(data, domain, min_class_size=0)
         counts, X = stats.counts, None
     else:
         X = domain.clip(data.X)

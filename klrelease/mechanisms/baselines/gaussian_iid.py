@@ -119,6 +119,9 @@ class GaussianIID(Mechanism):
     """I.i.d. Gaussian noise on all parameters, jointly calibrated; certified."""
 
     name = "gaussian-iid"
+    #: The one refusal on class sizes is :func:`.common.resolve_common`'s, on the public
+    #: ``min_class_size`` that the guarantee assumes.
+    min_class_size = 0
     summary = "i.i.d. Gaussian noise on weights, means, covariances (exact calibration); certified"
     Options = BaselineOptions
     #: Reads a chunked source (:mod:`klrelease.stream`): it needs only per-class statistics of

@@ -88,6 +88,9 @@ class LaplaceIID(Mechanism):
     """I.i.d. Laplace noise (Wu et al. 2016): paper constants, or derived label-flip ones."""
 
     name = "laplace-iid"
+    #: The one refusal on class sizes is :func:`.common.resolve_common`'s, on the public
+    #: ``min_class_size`` that the guarantee assumes.
+    min_class_size = 0
     summary = ("i.i.d. Laplace noise (Wu et al. 2016): variant 'paper' (not certified) or "
                "'label-flip' (certified pure DP)")
     Options = LaplaceIIDOptions

@@ -113,6 +113,9 @@ class R1SMG(Mechanism):
     """Ji & Li's rank-one Gaussian mean noise, as published; never certified."""
 
     name = "r1smg"
+    #: The one refusal on class sizes is :func:`.common.resolve_common`'s, on the public
+    #: ``min_class_size`` that the guarantee assumes.
+    min_class_size = 0
     summary = "rank-one Gaussian mean noise (Ji & Li 2024) as published; NOT private, warns"
     Options = BaselineOptions
     #: Reads a chunked source (:mod:`klrelease.stream`): it needs only per-class statistics of
