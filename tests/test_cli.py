@@ -148,3 +148,13 @@ def test_cli_process_has_no_traceback_on_bad_input(tmp_path):
     r = run(["release", "--dataset", "iris", "--epsilon", "0", "--delta", "1e-5"], tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
+
+
+def test_learn_checks_its_output_before_reading_the_data(tmp_path, capsys):
+    """An output that cannot be written is refused before the (private) data is read."""
+    code = main(["learn", "--csv", str(tmp_path / "absent.csv"), "--components", "2",
+                 "--epsilon", "1", "--delta", "1e-6", "--learner", "kamath-pgme",
+                 "--out", str(tmp_path / "no-such-dir" / "r.json")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "no-such-dir" in err and "absent.csv" not in err

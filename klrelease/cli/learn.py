@@ -15,7 +15,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from .app import BadInput, _write_atomic, app, err_console, out_console
+from .app import BadInput, _write_atomic, app, check_output, err_console, out_console
 
 __all__ = ["learn_command", "list_learners", "read_unlabelled_csv"]
 
@@ -71,9 +71,8 @@ def learn_command(
         if accountant not in ACCOUNTANTS:
             raise BadInput(f"--accountant must be one of {', '.join(ACCOUNTANTS)}")
         options["accountant"] = accountant
+    check_output(out)  # before the data is read: a result that cannot be written is not run
     X, _ = read_unlabelled_csv(csv_path, columns)
-    if out.parent and not out.parent.exists():
-        raise BadInput(f"cannot write {out}: directory {out.parent} does not exist")
     if "progress" in inspect.signature(fn).parameters:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import BadInput, app, err_console
+from .app import BadInput, app, atomic_output, check_output, err_console
 
 __all__ = ["plot_command"]
 
@@ -32,8 +32,7 @@ def plot_command(
 
     if out.suffix.lower() != ".png":
         raise BadInput(f"--out must name a .png file, got {out}")
-    if out.parent and not out.parent.exists():
-        raise BadInput(f"cannot write {out}: directory {out.parent} does not exist")
+    check_output(out)
     if bins < 1:
         raise BadInput(f"--bins must be >= 1, got {bins}")
     if (data is None) != (label_column is None):
@@ -48,8 +47,10 @@ def plot_command(
                            f"({', '.join(rel.feature_names)})")
         pair = (X, y)
     feats = None if features is None else [f.strip() for f in features.split(",")]
-    fig = marginals(rel, pair, features=feats, bins=bins, out=out,
+    fig = marginals(rel, pair, features=feats, bins=bins,
                     title=f"{rel.mechanism} release, epsilon={rel.privacy.epsilon:g}, "
                           f"{'certified' if rel.privacy.certified else 'NOT certified'}")
+    with atomic_output(out, "wb") as fh:
+        fig.savefig(fh, format="png", dpi=110)
     plt.close(fig)
     err_console.print(f"wrote {out}")
