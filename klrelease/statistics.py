@@ -87,10 +87,10 @@ def class_statistics(X: np.ndarray, codes: np.ndarray, n_classes: int) -> ClassS
 
 
 def clip_to_norm(X: np.ndarray, bound: float) -> np.ndarray:
-    """Scale every row onto the ball ``||x||_2 <= bound``: ``x <- x min(1, B/||x||)``."""
-    norms = np.linalg.norm(X, axis=1, keepdims=True)
-    scale = np.minimum(1.0, bound / np.maximum(norms, np.finfo(float).tiny))
-    return X * scale
+    """Scale every row onto the ball ``||x||_2 <= bound``: ``x <- x min(1, B/||x||)`` (the
+    Euclidean projection onto the ball; a per-row map)."""
+    norms = np.sqrt(np.einsum("ij,ij->i", X, X))[:, None]
+    return X * np.minimum(1.0, bound / np.maximum(norms, np.finfo(float).tiny))
 
 
 def clip_to_bounds(X: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:

@@ -11,7 +11,8 @@ from scipy import stats
 
 import klrelease as kr
 from klrelease.mechanisms.kl_certified import design
-from klrelease.mechanisms.kl_certified.design import Budget, clip_ball, symmetric_gaussian
+from klrelease.mechanisms.kl_certified.design import Budget, symmetric_gaussian
+from klrelease.statistics import clip_to_norm
 from klrelease.warnings_ import PrivacyLeakWarning
 
 # ------------------------------------------------------------------------------- accounting
@@ -267,7 +268,7 @@ def test_kl_falls_with_epsilon_and_beats_kl_paper_on_iris(iris):
 def test_clip_ball_is_a_projection():
     rng = np.random.default_rng(0)
     U = rng.normal(size=(100, 4)) * 3
-    V = clip_ball(U, 2.0)
+    V = clip_to_norm(U, 2.0)
     assert np.all(np.linalg.norm(V, axis=1) <= 2.0 + 1e-12)
     inside = np.linalg.norm(U, axis=1) <= 2.0
     np.testing.assert_array_equal(V[inside], U[inside])

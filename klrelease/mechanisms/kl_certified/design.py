@@ -51,7 +51,6 @@ __all__ = [
     "class_noise",
     "estimate",
     "eig_apply",
-    "clip_ball",
     "symmetric_gaussian",
 ]
 
@@ -79,12 +78,6 @@ def eig_apply(C: np.ndarray, fn) -> np.ndarray:
     C = np.where(np.isfinite(C), C, 0.0)
     w, V = np.linalg.eigh(C)
     return (V * fn(w)[..., None, :]) @ np.swapaxes(V, -1, -2)
-
-
-def clip_ball(U: np.ndarray, radius) -> np.ndarray:
-    """Scale each row of ``U`` into the ball ``||u|| <= radius`` (a per-row map)."""
-    nrm = np.sqrt(np.einsum("ij,ij->i", U, U))[:, None]
-    return U * np.minimum(1.0, radius / np.maximum(nrm, np.finfo(float).tiny))
 
 
 def symmetric_gaussian(rng: np.random.Generator, sigma: np.ndarray, d: int) -> np.ndarray:

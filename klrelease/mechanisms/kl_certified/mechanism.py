@@ -38,6 +38,7 @@ from ...domain import Domain
 from ...gmm import GMM
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
+from ...statistics import clip_to_norm
 from ...warnings_ import PrivacyLeakWarning
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan, check_options
 from ..registry import register
@@ -46,7 +47,6 @@ from .design import (
     Budget,
     Frame,
     PublicInputs,
-    clip_ball,
     estimate,
     gaussian_logpdf,
     region_radius,
@@ -115,7 +115,7 @@ class _ClipBall:
     radius: float
 
     def __call__(self, T: np.ndarray) -> np.ndarray:
-        return clip_ball(T, self.radius)
+        return clip_to_norm(T, self.radius)
 
 
 def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool,
@@ -230,7 +230,7 @@ class _FrameClip:
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         T = self.frame.to_frame(X)
-        return clip_ball(T if self.clip is None else self.clip(T), self.radius)
+        return clip_to_norm(T if self.clip is None else self.clip(T), self.radius)
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,7 @@ class _FusedRegionClip:
     radius: float
 
     def __call__(self, X: np.ndarray, k: int) -> np.ndarray:
-        return clip_ball((X - self.offsets[k]) @ self.V[k], self.radius)
+        return clip_to_norm((X - self.offsets[k]) @ self.V[k], self.radius)
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,7 @@ class _CentredClip:
     radius: float
 
     def __call__(self, T: np.ndarray, k: int) -> np.ndarray:
-        return clip_ball(T - self.centres[k], self.radius)
+        return clip_to_norm(T - self.centres[k], self.radius)
 
 
 @dataclass(frozen=True)
@@ -267,7 +267,7 @@ class _RegionClip:
     radius: float
 
     def __call__(self, T: np.ndarray, k: int) -> np.ndarray:
-        return clip_ball((T - self.centres[k]) @ self.W[k], self.radius)
+        return clip_to_norm((T - self.centres[k]) @ self.W[k], self.radius)
 
 
 
@@ -441,7 +441,7 @@ def _fallback_gmm(pub: PublicInputs, output: dict, classes) -> GMM:
     counts = np.nan_to_num(np.asarray(output["counts"], dtype=float))
     sums = np.nan_to_num(np.asarray(output["sums"], dtype=float))
     _, m1, _ = centres(pub, counts, sums)
-    m1 = clip_ball(np.nan_to_num(m1), pub.radius)
+    m1 = clip_to_norm(np.nan_to_num(m1), pub.radius)
     w = project_simplex(counts / N, floor=0.5 / N)
     covs = np.broadcast_to(pub.frame.cov_to_raw(np.eye(d)), (K, d, d)).copy()
     return GMM(w, pub.frame.mean_to_raw(m1), covs, classes)
@@ -504,7 +504,7 @@ class KLCertified(Mechanism):
 
             # public totals from the rows in their own order: bit for bit the same function
             # of the features whatever the labels (sorted rows would round by label)
-            A = clip_ball(T, R)
+            A = clip_to_norm(T, R)
             total_scatter = T.T @ T if lf else None
             total_sums = A.sum(axis=0) if lf else None
             order, bounds = class_blocks(data.codes, K)
