@@ -40,7 +40,7 @@ from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...statistics import clip_to_norm
 from ...warnings_ import PrivacyLeakWarning
-from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan, check_options
+from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan
 from ..registry import register
 from .design import (
     SETTINGS,
@@ -469,16 +469,8 @@ class KLCertified(Mechanism):
     @blas_single_thread
     def plan(self, data: LabelledData, *, epsilon: float, delta: float,
              **options) -> KLCertifiedPlan:
-        opts = check_options(self, options)
-        try:
-            relation = Adjacency(opts["adjacency"])
-        except ValueError:
-            relation = None
-        if relation not in ADJACENCIES:
-            raise ValueError(
-                f"unknown or unsupported adjacency {opts['adjacency']!r} for kl-certified; "
-                f"allowed: {', '.join(a.value for a in ADJACENCIES)}"
-            )
+        opts = options  # validated by Mechanism.plan (names, types, relation)
+        relation = Adjacency(opts["adjacency"])
         from ...stream import Source
 
         lf = relation == Adjacency.LABEL_FLIP

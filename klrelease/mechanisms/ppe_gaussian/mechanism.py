@@ -45,7 +45,7 @@ from ...learners.ppe.params import (
 )
 from ...learners.result import MechanismFailed
 from ...neighbours import Adjacency
-from ..base import Float, Guarantee, Int, Mechanism, MechanismOptions, Plan, check_options
+from ..base import Float, Guarantee, Int, Mechanism, MechanismOptions, Plan
 from ..registry import register
 
 
@@ -112,7 +112,7 @@ class PPEGaussian(Mechanism):
 
     def plan(self, data: LabelledData, *, epsilon: float, delta: float,
              **options) -> PPEGaussianPlan:
-        opts = check_options(self, options)
+        opts = options  # validated by Mechanism.plan
         N, d, K = data.n_samples, data.n_features, data.n_classes
         cfg = configure_params(N, d, K, epsilon, delta, t=opts["blocks"], alpha=opts["alpha"],
                                beta=opts["beta"], min_block=K * (d + 1), aligned=True,
