@@ -92,17 +92,7 @@ class GMMReleaser(ClassifierMixin, BaseEstimator):
     def _joint_log_likelihood(self, X) -> np.ndarray:
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float64)
-        out = np.empty((X.shape[0], len(self.weights_)))
-        d = X.shape[1]
-        for k, (w, m, c) in enumerate(zip(self.weights_, self.means_, self.covariances_,
-                                          strict=True)):
-            L = np.linalg.cholesky(c)
-            z = np.linalg.solve(L, (X - m).T)
-            logdet = 2.0 * np.sum(np.log(np.diag(L)))
-            with np.errstate(divide="ignore"):
-                lw = np.log(w)
-            out[:, k] = lw - 0.5 * (np.sum(z * z, axis=0) + logdet + d * np.log(2 * np.pi))
-        return out
+        return self.release_.gmm._joint_log_prob(X)
 
     def predict_log_proba(self, X) -> np.ndarray:
         """log p(class | x) under the released GMM."""
