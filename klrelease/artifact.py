@@ -11,7 +11,8 @@ lie on the simplex and every covariance is symmetric positive definite; epsilon 
 registered and its settings (the validated options) are valid. The ``certified`` flag is not
 trusted: it is recomputed from the mechanism, its settings and how the noise was drawn (a
 seeded release is never certified), and an artifact whose flag disagrees is refused as a
-tampered claim.
+tampered claim. The ``statement`` and ``reasons`` are explanatory text written at release
+time; they are shown as stored and not checked: the flag is what decides.
 """
 
 from __future__ import annotations
@@ -193,10 +194,7 @@ class Release(BaseModel):
         try:
             return cls.model_validate_json(text)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first.get("loc", ())) or "document"
-            msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
-            raise ValueError(f"not a valid klrelease artifact ({where}: {msg})") from None
+            raise ValueError(_invalid("klrelease artifact", exc)) from None
 
     def save(self, path) -> None:
         """Write the artifact to ``path``."""
@@ -304,10 +302,7 @@ def read_document(path) -> Release | FailDocument:
     try:
         return FailDocument.model_validate(doc)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ())) or "document"
-        msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
-        raise ValueError(f"not a valid FAIL document ({where}: {msg})") from None
+        raise ValueError(_invalid("FAIL document", exc)) from None
 
 
 def _check_claim(doc, kind: str) -> None:
@@ -327,3 +322,11 @@ def _check_claim(doc, kind: str) -> None:
             f"{'secure' if doc.randomness.secure else 'seeded'} noise is "
             f"{'certified' if expected else 'NOT certified'}"
         )
+
+
+def _invalid(kind: str, exc) -> str:
+    """One line naming the first problem of a pydantic validation error."""
+    first = exc.errors()[0]
+    where = ".".join(str(x) for x in first.get("loc", ())) or "document"
+    msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"not a valid {kind} ({where}: {msg})"

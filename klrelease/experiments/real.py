@@ -50,8 +50,9 @@ from ..learners.result import MechanismFailed
 from ..mechanisms import get_mechanism
 from ..mechanisms import mechanisms as registered_mechanisms
 from ..release import plan as make_plan
-from .realdata import iris_standardised, italy_power, mnist_split, table1_synthetic
+from .realdata import _labels, iris_standardised, italy_power, mnist_split, table1_synthetic
 from .run import _clean, _git_revision, _versions, progress_bar
+from .runner import _guarantee_record, _one_line
 from .settings import (
     BASELINES,
     EPSILON_GRID,
@@ -236,14 +237,6 @@ def _stream(seed: int, *key: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
 
 
-def _one_line(message) -> str:
-    return " ".join(str(message).split())
-
-
-def _labels(data) -> np.ndarray:
-    return np.asarray(data.classes, dtype=object)[data.codes].astype(type(data.classes[0]))
-
-
 class _Ctx:
     """Per-run state: cached data, warnings, guarantees."""
 
@@ -287,12 +280,7 @@ class _Ctx:
                 for w in caught:
                     counter[f"{w.category.__name__}: {_one_line(w.message)}"] += 1
         if spec.id not in self.guarantees:
-            g = p.guarantee
-            self.guarantees[spec.id] = {
-                "neighbouring": g.neighbouring, "certified": bool(g.certified),
-                "statement": g.statement, "reasons": list(g.reasons),
-                "accounting": g.accounting, "recorded_at_epsilon": eps,
-            }
+            self.guarantees[spec.id] = {**_guarantee_record(p), "recorded_at_epsilon": eps}
         return p
 
     def draw(self, p, spec: MechanismSpec, rng) -> GMM:
