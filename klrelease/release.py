@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import platform
-import warnings
 
 import numpy as np
 
@@ -25,7 +24,7 @@ from .mechanisms import Plan, get_mechanism
 from .privacy.guarantee import BudgetAccountant
 from .rng import make_rng
 from .stream import Source, as_source, is_dask_collection
-from .warnings_ import PrivacyLeakWarning
+from .warnings_ import warn_privacy
 
 __all__ = ["plan", "release", "expected_kl"]
 
@@ -200,7 +199,7 @@ def release(
         if accountant is not None:
             accountant.spend(g)
         if not g.certified:
-            warnings.warn(f"{p.mechanism}: {g.statement}", PrivacyLeakWarning, stacklevel=2)
+            warn_privacy(f"{p.mechanism}: {g.statement}")
     solver = None
     if p.solver is not None:
         solver = SolverBlock(solver=p.solver.solver, status=p.solver.status,

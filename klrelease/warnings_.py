@@ -7,13 +7,27 @@ every use of such a mechanism is visible.
 
 from __future__ import annotations
 
+import sys
 import warnings
+from pathlib import Path
 
-__all__ = ["PrivacyLeakWarning"]
+__all__ = ["PrivacyLeakWarning", "warn_privacy"]
+
+_PACKAGE = str(Path(__file__).resolve().parent)
 
 
 class PrivacyLeakWarning(RuntimeWarning):
     """A release whose stated privacy guarantee is known not to hold."""
+
+
+def warn_privacy(message: str) -> None:
+    """Warn with :class:`PrivacyLeakWarning`, attributed to the first caller outside the
+    library (wherever in the library the warning is raised)."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(
+            _PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, PrivacyLeakWarning, stacklevel=level + 1)
 
 
 warnings.simplefilter("always", PrivacyLeakWarning)

@@ -172,3 +172,16 @@ def test_certified_default_never_refuses_on_private_class_sizes():
     assert r.gmm.weights.shape == (4,)
     with pytest.raises(ValueError, match="every class needs"):
         kr.release(X, y, epsilon=1.0, delta=1e-5, mechanism="kl-paper")
+
+
+def test_privacy_warnings_point_at_the_caller():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kr.release(np.random.default_rng(0).normal(size=(60, 2)), np.arange(60) % 2,
+                   epsilon=1.0, delta=1e-5)
+    from klrelease.warnings_ import PrivacyLeakWarning
+
+    leaks = [w for w in caught if issubclass(w.category, PrivacyLeakWarning)]
+    assert leaks and all(w.filename == __file__ for w in leaks)

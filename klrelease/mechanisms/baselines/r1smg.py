@@ -34,7 +34,6 @@ needs sigma* of order (0.25 Delta / delta)^2, for every M.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +41,7 @@ from scipy.special import gammaln
 
 from ...data import LabelledData
 from ...sensitivity import mean_removal_bound
-from ...warnings_ import PrivacyLeakWarning
+from ...warnings_ import warn_privacy
 from ..base import Guarantee, Mechanism
 from ..registry import register
 from .common import (
@@ -131,7 +130,7 @@ class R1SMG(Mechanism):
                 f"r1smg needs at least 3 features (its noise law is undefined below output "
                 f"dimension 3), got {d}"
             )
-        warnings.warn(R1SMG_WARNING, PrivacyLeakWarning, stacklevel=2)
+        warn_privacy(R1SMG_WARNING)
         common = resolve_common(data, opts, self.name)
         K = data.n_classes
         rho_pi, rho_mu, rho_S = common.shares

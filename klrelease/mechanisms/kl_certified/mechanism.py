@@ -25,7 +25,6 @@ would reveal which classes occur, so such a release warns and is not certified.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -39,7 +38,7 @@ from ...gmm import GMM
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...statistics import clip_to_norm
-from ...warnings_ import PrivacyLeakWarning
+from ...warnings_ import warn_privacy
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan
 from ..registry import register
 from .design import (
@@ -165,10 +164,10 @@ def _public_bound(domain, norm_bound, bounds_from_data, d):
 
 
 def _warn_bounds_from_data():
-    warnings.warn(
+    warn_privacy(
         "kl-certified: the feature bounds are read from the private data "
         "(bounds_from_data=True); under replace-one this leaks information and the release "
-        "is NOT differentially private", PrivacyLeakWarning, stacklevel=5)
+        "is NOT differentially private")
 
 
 class _MemoryRows:
@@ -517,10 +516,10 @@ class KLCertified(Mechanism):
         reasons = list(ASSUMPTIONS)
         certified = bound_ok and declared
         if not declared:
-            warnings.warn(
+            warn_privacy(
                 "kl-certified: the set of classes was read from the labels (pass classes= to "
                 "declare it); which classes occur is then not protected and the release is NOT "
-                "certified", PrivacyLeakWarning, stacklevel=4)
+                "certified")
             reasons.insert(0, "The set of classes was read from the private labels, not "
                               "declared: a class with one record can reveal that record's "
                               "label.")
