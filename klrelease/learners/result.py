@@ -11,6 +11,7 @@ import numpy as np
 
 from ..gmm import GMM
 from ..mechanisms.base import Guarantee
+from ..privacy.tape import plain
 from ..rng import make_rng
 
 __all__ = [
@@ -74,7 +75,7 @@ class LearnResult:
                 **({"accountant": self.diagnostics["ledger"]["accountant"]}
                    if "accountant" in self.diagnostics.get("ledger", {}) else {}),
             },
-            "diagnostics": _jsonable(self.diagnostics),
+            "diagnostics": plain(self.diagnostics),
             "randomness": {"secure": self.secure},
         }
         if self.gmm is not None:
@@ -87,18 +88,6 @@ class LearnResult:
 
     def to_json(self, *, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
-
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
 
 
 class MechanismFailed(Exception):

@@ -26,23 +26,24 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Tape", "TapeDiverged", "released", "recording"]
+__all__ = ["Tape", "TapeDiverged", "plain", "released", "recording"]
 
 
 class TapeDiverged(AssertionError):
     """A replayed run asked for a release the recorded run did not make at that position."""
 
 
-def _public(value: Any) -> Any:
-    """A comparable, exact copy of a public quantity (arrays as nested lists)."""
+def plain(value: Any) -> Any:
+    """A comparable, exact, JSON-ready copy of a public quantity (arrays as nested lists,
+    numpy scalars as Python numbers, dict keys as text)."""
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, dict):
-        return {str(k): _public(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_public(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 
@@ -62,7 +63,7 @@ class Tape:
             if rec_label != label:
                 raise TapeDiverged(f"release {i}: recorded {rec_label!r}, replayed {label!r}")
             value = copy.deepcopy(self.replay[i][2])
-        self.entries.append((label, _public(public), copy.deepcopy(value)))
+        self.entries.append((label, plain(public), copy.deepcopy(value)))
         return value
 
     def trace(self) -> list:
