@@ -119,6 +119,16 @@ def _bar(progress: bool, label: str, total: int):
     return bar, bar.add_task(label, total=total)
 
 
+def counts_within(d2: np.ndarray, sq: np.ndarray) -> np.ndarray:
+    """For every row of squared distances ``d2`` (m, n): how many are ``<= sq[j]`` for every
+    ``j`` (``sq`` non-decreasing), shape (m, len(sq)); one histogram per chunk, no sort."""
+    m, G = d2.shape[0], sq.shape[0]
+    idx = np.searchsorted(sq, d2, side="left")
+    idx += (np.arange(m) * (G + 1))[:, None]
+    hist = np.bincount(idx.ravel(), minlength=m * (G + 1))
+    return np.cumsum(hist.reshape(m, G + 1), axis=1)[:, :G]
+
+
 def ball_counts(candidates: np.ndarray, points: np.ndarray, radii: np.ndarray, *,
                 max_pairs: int = MAX_PAIRS, progress: bool = False,
                 label: str = "ball counts") -> np.ndarray:
@@ -140,13 +150,7 @@ def ball_counts(candidates: np.ndarray, points: np.ndarray, radii: np.ndarray, *
     cn = np.einsum("ij,ij->i", C, C)
     step = max(1, min(nc, int(max_pairs // max(n, 1))))
     starts = range(0, nc, step)
-    bar = None
-    if progress:
-        from rich.progress import Progress
-
-        bar = Progress(transient=True)
-        bar.start()
-        task = bar.add_task(label, total=nc)
+    bar = _bar(progress, label, nc)
     try:
         for s in starts:
             e = min(nc, s + step)
@@ -154,17 +158,13 @@ def ball_counts(candidates: np.ndarray, points: np.ndarray, radii: np.ndarray, *
             d2 *= -2.0
             d2 += cn[s:e, None]
             d2 += pn[None, :]
-            idx = np.searchsorted(sq, d2, side="left")
+            out[s:e] = counts_within(d2, sq)
             del d2
-            idx += (np.arange(e - s) * (G + 1))[:, None]
-            hist = np.bincount(idx.ravel(), minlength=(e - s) * (G + 1))
-            del idx
-            out[s:e] = np.cumsum(hist.reshape(e - s, G + 1), axis=1)[:, :G]
             if bar is not None:
-                bar.update(task, advance=e - s)
+                bar[0].update(bar[1], advance=e - s)
     finally:
         if bar is not None:
-            bar.stop()
+            bar[0].stop()
     return out
 
 

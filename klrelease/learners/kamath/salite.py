@@ -34,6 +34,7 @@ from ...privacy.toolbox import (
 from ..result import LearnResult, register_learner
 from .blocks import _rotation, radius_grid
 from .common import fail, guarantee, structure_rng, structure_seed, success
+from .radius import counts_within
 
 __all__ = ["NAME", "salite_ledger", "learn_salite", "block_radius_query"]
 
@@ -123,10 +124,7 @@ def block_radius_query(points: np.ndarray, block_of: np.ndarray, radii: np.ndarr
         e = min(p, s + step)
         d2 = pn[s:e, None] + pn[None, :] - 2.0 * (P[s:e] @ P.T)
         dmin = np.minimum.reduceat(d2, starts, axis=1)  # (chunk, blocks)
-        idx = np.searchsorted(sq, dmin, side="left")
-        idx += (np.arange(e - s) * (R + 1))[:, None]
-        hist = np.bincount(idx.ravel(), minlength=(e - s) * (R + 1)).reshape(e - s, R + 1)
-        q = np.minimum(np.cumsum(hist, axis=1)[:, :R], t)
+        q = np.minimum(counts_within(dmin, sq), t)
         np.maximum.at(best, cand_block[s:e], q)
     if nb > t:
         best = -np.partition(-best, t - 1, axis=0)[:t]
