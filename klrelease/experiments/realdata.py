@@ -83,16 +83,12 @@ def table1_synthetic(rng: np.random.Generator, *, n_features: int = 12,
     uniform in ``[-mean_range, mean_range]^d``, covariances Wishart(d + 1, I); class ``k``
     then holds exactly ``TABLE1_SIZES[k]`` points of its component.
     """
-    from scipy.stats import wishart
+    from .synthetic import draw_rows, draw_truth
 
-    d, sizes = int(n_features), np.asarray(TABLE1_SIZES)
+    sizes = np.asarray(TABLE1_SIZES)
     K = sizes.size
-    means = rng.uniform(-mean_range, mean_range, size=(K, d))
-    covs = np.asarray(wishart(df=d + 1, scale=np.eye(d)).rvs(size=K, random_state=rng),
-                      dtype=float).reshape(K, d, d)
-    y = rng.permutation(np.repeat(np.arange(K), sizes))
-    chol = np.linalg.cholesky(covs)
-    X = means[y] + np.einsum("nij,nj->ni", chol[y], rng.standard_normal((y.size, d)))
+    means, covs = draw_truth(K, n_features, mean_range, rng)
+    X, y = draw_rows(means, covs, sizes, rng)
     return as_labelled_data(X, y + 1, classes=tuple(range(1, K + 1)))
 
 

@@ -50,22 +50,36 @@ def draw_synthetic(setting: SyntheticSetting, rng: np.random.Generator) -> Synth
     SyntheticData
         Rows shuffled; every class holds at least ``setting.class_floor`` rows.
     """
-    from scipy.stats import wishart
-
     N, K, d = setting.n_samples, setting.n_classes, setting.n_features
     weights = rng.dirichlet(np.ones(K))
-    R = setting.mean_range
-    means = rng.uniform(-R, R, size=(K, d))
+    means, covs = draw_truth(K, d, setting.mean_range, rng)
+    floor = setting.class_floor
+    counts = floor + rng.multinomial(N - K * floor, weights)
+    X, y = draw_rows(means, covs, counts, rng)
+    return SyntheticData(X=X, y=y, weights=weights, means=means, covariances=covs)
+
+
+def draw_truth(n_classes: int, n_features: int, mean_range: float,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The paper's ground truth (section V-A): means uniform in ``[-R, R]^d``, covariances
+    Wishart(d + 1, I)."""
+    from scipy.stats import wishart
+
+    K, d = int(n_classes), int(n_features)
+    means = rng.uniform(-mean_range, mean_range, size=(K, d))
     covs = np.asarray(
         wishart(df=d + 1, scale=np.eye(d)).rvs(size=K, random_state=rng), dtype=float
     ).reshape(K, d, d)
-    floor = setting.class_floor
-    counts = floor + rng.multinomial(N - K * floor, weights)
-    y = rng.permutation(np.repeat(np.arange(K), counts))
+    return means, covs
+
+
+def draw_rows(means: np.ndarray, covs: np.ndarray, counts,
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``counts[k]`` rows of component ``k``, shuffled: ``(X, y)`` with codes ``0..K-1``."""
+    y = rng.permutation(np.repeat(np.arange(len(counts)), counts))
     chol = np.linalg.cholesky(covs)
-    z = rng.standard_normal((N, d))
-    X = means[y] + np.einsum("nij,nj->ni", chol[y], z)
-    return SyntheticData(X=X, y=y, weights=weights, means=means, covariances=covs)
+    z = rng.standard_normal((y.size, means.shape[1]))
+    return means[y] + np.einsum("nij,nj->ni", chol[y], z), y
 
 
 def synthetic_data(n_samples: int = 1000, n_classes: int = 5, n_features: int = 3, seed=42, *,
