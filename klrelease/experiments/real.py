@@ -368,16 +368,17 @@ def _run_sweep(ctx: _Ctx, mechs, advance) -> list[dict]:
                         row = _base_row(exp, dataset, data, s, i, spec, n_rel)
                         failed = [v for v in per_set if isinstance(v, str)]
                         ok = np.array([v for v in per_set if not isinstance(v, str)], dtype=float)
-                        if failed:
+                        if not ok.size:  # every draw failed
                             status = "FAIL" if failed[0].startswith("MechanismFailed") else "error"
                             row.update(status=status, error=failed[0], plan_seconds=plan_s)
-                        else:
+                        else:  # as the synthetic figures: the draws that returned a model count
                             row.update(kl_mean=float(ok.mean()),
                                        kl_std=float(ok.std(ddof=1)) if ok.size > 1 else 0.0,
                                        certified=bool(p.guarantee.certified),
                                        plan_seconds=plan_s,
                                        status="ok" if np.all(np.isfinite(ok)) else "non-finite",
-                                       error="")
+                                       error=(f"FAIL in {len(failed)} of {len(per_set)} draws: "
+                                              f"{failed[-1]}") if failed else "")
                         rows.append(row)
                     advance()
     return rows
