@@ -122,6 +122,27 @@ def _text_labels(y: np.ndarray, classes) -> np.ndarray:
         raise ValueError("y contains a label that is not one of the declared classes") from None
 
 
+#: Integer classes spanning at most this many values are encoded by a lookup table.
+_LOOKUP_SPAN = 1 << 16
+
+
+def _lookup_codes(y: np.ndarray, classes: np.ndarray) -> np.ndarray | None:
+    """Class codes of integer labels by a lookup table over the classes' span (``None`` when
+    the span is too wide). The same codes and the same error as the sorted search."""
+    lo, hi = int(classes.min()), int(classes.max())
+    if hi - lo >= _LOOKUP_SPAN:
+        return None
+    if y.size and (int(y.min()) < lo or int(y.max()) > hi):
+        raise ValueError("y contains a label that is not one of the declared classes")
+    table = np.full(hi - lo + 1, -1, dtype=np.int64)
+    table[classes.astype(np.int64) - lo] = np.arange(classes.size)
+    y = y.astype(np.int64, copy=False)  # within [lo, hi]: fits
+    codes = table[y - lo] if lo else table[y]
+    if y.size and codes.min() < 0:
+        raise ValueError("y contains a label that is not one of the declared classes")
+    return codes
+
+
 def _encode_labels(y, classes) -> tuple[np.ndarray, tuple]:
     y = np.asarray(y)
     if y.ndim == 2 and 1 in y.shape:
@@ -156,6 +177,10 @@ def _encode_labels(y, classes) -> tuple[np.ndarray, tuple]:
             raise ValueError("classes must not repeat a label")
         if y.dtype.kind in "US" and classes_arr.dtype.kind not in "US":
             classes_arr = classes_arr.astype(str)
+    if y.dtype.kind in "iu" and classes_arr.dtype.kind in "iu":
+        codes = _lookup_codes(y, classes_arr)
+        if codes is not None:
+            return codes, tuple(c.item() for c in classes_arr)
     order = np.argsort(classes_arr, kind="stable")
     sorted_classes = classes_arr[order]
     pos = np.searchsorted(sorted_classes, y)

@@ -75,7 +75,7 @@ def class_statistics(X: np.ndarray, codes: np.ndarray, n_classes: int) -> ClassS
     counts = np.diff(bounds)
     means = np.empty((n_classes, d))
     covs = np.empty((n_classes, d, d))
-    Xs = X[order]
+    Xs = np.take(X, order, axis=0)
     for k in range(n_classes):
         block = Xs[bounds[k] : bounds[k + 1]]
         mu = block.mean(axis=0)

@@ -109,7 +109,7 @@ def chunk_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
     rows = np.asarray(rows, dtype=np.float64)
     order, bounds = class_blocks(codes, n_classes)
     counts = np.diff(bounds).astype(float)
-    sorted_rows = rows[order]
+    sorted_rows = np.take(rows, order, axis=0)  # much faster than rows[order]
     sorted_codes = codes[order]
     d = rows.shape[1] if f is None else None
     blocks = []

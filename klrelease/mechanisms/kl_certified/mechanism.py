@@ -500,7 +500,7 @@ class KLCertified(Mechanism):
             total_sums = A.sum(axis=0) if lf else None
             order, bounds = class_blocks(data.codes, K)
             blocks = [slice(bounds[k], bounds[k + 1]) for k in range(K)]
-            T, A = T[order], A[order]
+            T, A = np.take(T, order, axis=0), np.take(A, order, axis=0)
             rows = _MemoryRows([T[b] for b in blocks])
             counts = np.diff(bounds).astype(float)
             sums = np.stack([A[b].sum(axis=0) for b in blocks])
