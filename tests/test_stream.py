@@ -17,8 +17,8 @@ from klrelease.stream import (
     ClassMoments,
     CSVSource,
     ParquetSource,
+    bounded_class_moments,
     chunk_moments,
-    per_class,
 )
 from klrelease.stream.sample import RowSample, sample_rows
 
@@ -62,15 +62,33 @@ def test_streamed_moments_equal_in_memory(n, K, d, seed, n_cuts, sort):
             assert np.all(m.means[k] == 0) and np.all(m.scatters[k] == 0)
 
 
-def test_row_map_is_applied_per_class():
-    X, y = _data()
-    shift = np.array([[0.0, 0, 0], [5, 5, 5], [-3, 1, 2]])
-    f = per_class(lambda T, k: np.abs(T - shift[k]))
-    m = _merge_chunks(X, y, 3, [0, 1000, 1001, 2999, 3000], f)
-    for k in range(3):
-        U = np.abs(X[y == k] - shift[k])
-        np.testing.assert_allclose(m.sums[k], U.sum(axis=0), rtol=1e-12)
-        np.testing.assert_allclose(m.second_moments[k], U.T @ U, rtol=1e-12)
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 200), seed=st.integers(0, 10_000), n_cuts=st.integers(0, 8),
+       sort=st.booleans())
+def test_bounded_moments_apply_the_map_per_class(n, seed, n_cuts, sort):
+    rng = np.random.default_rng(seed)
+    K, d = 3, 3
+    codes = rng.integers(0, K, n)
+    if sort:  # chunks holding one class only
+        codes = np.sort(codes)
+    X = rng.normal(size=(n, d)) * 4.0
+    shift = rng.normal(size=(K, d)) * 3.0
+    seen = []
+
+    def fn(T, k):
+        seen.append(k)
+        return np.minimum(np.abs(T - shift[k]), 2.0)  # bounded rows
+
+    cuts = np.unique(np.concatenate([[0, n], rng.integers(0, n + 1, n_cuts)]))
+    parts = [bounded_class_moments(X[a:b], codes[a:b], K, fn)
+             for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    counts, sums, second = (sum(p[i] for p in parts) for i in range(3))
+    for k in range(K):
+        U = np.minimum(np.abs(X[codes == k] - shift[k]), 2.0)
+        assert counts[k] == U.shape[0]
+        np.testing.assert_allclose(sums[k], U.sum(axis=0), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(second[k], U.T @ U, rtol=1e-12, atol=1e-12)
+    assert set(seen) <= set(range(K))
 
 
 def test_class_statistics_agree():

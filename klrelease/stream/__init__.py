@@ -2,7 +2,8 @@
 
 * :class:`ClassMoments`: per-class count, mean and centred scatter, merged exactly and stably
   (Chan et al.'s parallel update); :func:`chunk_moments` reduces one chunk after a per-row map
-  ``f(rows, codes) -> rows``.
+  ``f(rows, codes) -> rows``; :func:`bounded_class_moments` the plain sums and second moments
+  of a per-class map whose rows are bounded (clipped).
 * Sources read a labelled dataset in chunks: :class:`ArraySource` (arrays, memmaps),
   :class:`ParquetSource` and :class:`CSVSource` (pyarrow), :class:`DaskSource` (Dask arrays
   and dataframes, on a ``distributed`` cluster). Each runs passes ``Source.moments(f)``.
@@ -22,8 +23,8 @@ from .moments import (
     ClassMoments,
     RowMap,
     chunk_moments,
+    bounded_class_moments,
     class_sums,
-    per_class,
     pooled_moments,
 )
 from .sample import RowSample, sample_rows
@@ -43,8 +44,8 @@ __all__ = [
     "RowMap",
     "chunk_moments",
     "class_sums",
+    "bounded_class_moments",
     "pooled_moments",
-    "per_class",
     "RowSample",
     "sample_rows",
     "Source",

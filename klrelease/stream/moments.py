@@ -23,35 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..statistics import class_blocks
+from ..statistics import class_blocks, column_sums
 
-__all__ = ["ClassMoments", "chunk_moments", "class_sums", "pooled_moments", "per_class",
-           "RowMap"]
+__all__ = ["ClassMoments", "chunk_moments", "class_sums", "bounded_class_moments",
+           "pooled_moments", "RowMap"]
 
 #: A per-row map applied before accumulation: ``f(rows, codes) -> rows`` (same row count).
 RowMap = Callable[[np.ndarray, np.ndarray], np.ndarray]
-
-
-def per_class(fn: Callable[[np.ndarray, int], np.ndarray]) -> RowMap:
-    """A :data:`RowMap` from a map of the rows of one class ``fn(rows, k)``.
-
-    The accumulator calls row maps on one class block at a time, so the common case is a
-    single class; mixed codes are split by class.
-    """
-
-    def f(rows: np.ndarray, codes: np.ndarray) -> np.ndarray:
-        if rows.shape[0] == 0:
-            return rows
-        k0 = int(codes[0])
-        if np.all(codes == k0):
-            return fn(rows, k0)
-        out = np.empty_like(rows)
-        for k in np.unique(codes):
-            sel = codes == k
-            out[sel] = fn(rows[sel], int(k))
-        return out
-
-    return f
 
 
 @dataclass
@@ -105,7 +83,8 @@ class ClassMoments:
 
 def chunk_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
                   f: RowMap | None = None) -> ClassMoments:
-    """The moments of one chunk, after the row map ``f`` (called on one class at a time)."""
+    """The moments of one chunk, after the row map ``f`` (called on one class block at a
+    time)."""
     rows = np.asarray(rows, dtype=np.float64)
     order, bounds = class_blocks(codes, n_classes)
     counts = np.diff(bounds).astype(float)
@@ -130,7 +109,7 @@ def chunk_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
     for k, U in enumerate(blocks):
         if U is None:
             continue
-        m = U.mean(axis=0)
+        m = column_sums(U) / U.shape[0]
         C = U - m
         means[k] = m
         scat[k] = C.T @ C
@@ -148,8 +127,33 @@ def class_sums(U: np.ndarray, codes: np.ndarray, n_classes: int) -> tuple[np.nda
     return counts, sums
 
 
+def bounded_class_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
+                          fn: Callable[[np.ndarray, int], np.ndarray]
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-class counts (K,), sums (K, d') and raw second moments ``sum u u^T`` (K, d', d')
+    of ``u = fn(rows of class k, k)``, a map of one class's rows at a time (one sort of the
+    chunk, one product per class). For maps whose rows are bounded (clipped), where plain sums
+    keep their accuracy (no centring); partial results merge by addition."""
+    rows = np.asarray(rows, dtype=np.float64)
+    order, bounds = class_blocks(codes, n_classes)
+    counts = np.diff(bounds).astype(float)
+    sorted_rows = np.take(rows, order, axis=0)
+    parts = [None] * n_classes
+    for k in range(n_classes):
+        if bounds[k + 1] > bounds[k]:
+            parts[k] = np.asarray(fn(sorted_rows[bounds[k]:bounds[k + 1]], k), dtype=np.float64)
+    width = next((U.shape[1] for U in parts if U is not None), None)
+    if width is None:  # no rows: the map's output width from an empty block
+        width = np.asarray(fn(rows[:0], 0)).shape[1]
+    sums, second = np.zeros((n_classes, width)), np.zeros((n_classes, width, width))
+    for k, U in enumerate(parts):
+        if U is not None:
+            sums[k], second[k] = column_sums(U), U.T @ U
+    return counts, sums, second
+
+
 def pooled_moments(rows: np.ndarray) -> ClassMoments:
     """The count, mean and centred scatter of all ``rows`` as one class."""
-    m = rows.mean(axis=0) if rows.shape[0] else np.zeros(rows.shape[1])
+    m = column_sums(rows) / rows.shape[0] if rows.shape[0] else np.zeros(rows.shape[1])
     C = rows - m
     return ClassMoments(np.array([float(rows.shape[0])]), m[None, :], (C.T @ C)[None])

@@ -59,11 +59,15 @@ class RowSample:
         return self
 
     def merge(self, other: RowSample) -> RowSample:
-        return RowSample(self.size, np.concatenate([self.priorities, other.priorities]),
-                         np.concatenate([self.rows, other.rows])).trim()
+        """The rows of both (trimmed to ``size`` once they hold four times as many: the lowest
+        priorities are kept either way, and fewer trims are cheaper)."""
+        out = RowSample(self.size, np.concatenate([self.priorities, other.priorities]),
+                        np.concatenate([self.rows, other.rows]))
+        return out.trim() if out.rows.shape[0] > 4 * self.size else out
 
     def values(self) -> np.ndarray:
         """The kept rows in priority order."""
+        self.trim()
         return self.rows[np.argsort(self.priorities)]
 
 

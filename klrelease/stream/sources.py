@@ -22,7 +22,15 @@ from pathlib import Path
 import numpy as np
 
 from ..data import _encode_labels
-from .moments import ClassMoments, RowMap, chunk_moments, class_sums, pooled_moments
+from ..statistics import column_sums
+from .moments import (
+    ClassMoments,
+    RowMap,
+    bounded_class_moments,
+    chunk_moments,
+    class_sums,
+    pooled_moments,
+)
 from .sample import RowSample
 
 __all__ = [
@@ -178,6 +186,14 @@ class Source:
                            indexed=True)
         return m, s.values()
 
+    def bounded_moments(self, fn: Callable[[np.ndarray, int], np.ndarray]
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One pass: per-class counts (K,), sums (K, d') and raw second moments (K, d', d') of
+        ``fn(rows of class k, k)``, a per-class map whose rows are bounded (clipped; see
+        :func:`~klrelease.stream.moments.bounded_class_moments`). Validates every chunk like
+        :meth:`moments`."""
+        return self.scan(_ChunkBounded(len(self.resolve_classes()), fn), _add_tuples, None)
+
     def sums(self, g: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, ...]:
         """One pass: per-class counts (K,) and sums (K, d') of ``g(X)``, a map of each row
         that does not depend on its class, and the sum over all rows (d',) taken in row order,
@@ -228,13 +244,22 @@ class _ChunkMoments:
 
 
 @dataclass(frozen=True)
+class _ChunkBounded:
+    n_classes: int
+    fn: Callable
+
+    def __call__(self, X, codes):
+        return bounded_class_moments(X, codes, self.n_classes, self.fn)
+
+
+@dataclass(frozen=True)
 class _ChunkSums:
     n_classes: int
     g: Callable
 
     def __call__(self, X, codes):
         U = np.asarray(self.g(X), dtype=np.float64)
-        return (*class_sums(U, codes, self.n_classes), U.sum(axis=0))
+        return (*class_sums(U, codes, self.n_classes), column_sums(U))
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from scipy.stats import chi2
 from ...linalg import vech
 from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.projections import project_simplex
+from ...statistics import affine_rows
 
 __all__ = [
     "Budget",
@@ -121,7 +122,7 @@ class Frame:
     W_inv: np.ndarray
 
     def to_frame(self, X: np.ndarray) -> np.ndarray:
-        return (X - self.centre) @ self.W
+        return affine_rows(X, self.centre, self.W)
 
     def mean_to_raw(self, m: np.ndarray) -> np.ndarray:
         return self.centre + m @ self.W_inv

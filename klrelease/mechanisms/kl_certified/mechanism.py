@@ -37,7 +37,7 @@ from ...domain import Domain
 from ...gmm import GMM
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
-from ...statistics import clip_to_norm
+from ...statistics import affine_rows, clip_to_norm
 from ...warnings_ import warn_privacy
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan
 from ..registry import register
@@ -208,15 +208,12 @@ class _StreamRows:
         self.source, self.frame, self.clip = source, frame, clip
 
     def stats(self, fn, d: int) -> tuple[np.ndarray, np.ndarray]:
-        from ...stream import per_class
-
         if isinstance(fn, _RegionClip) and self.clip is None:
             f = self.frame
             fn = _FusedRegionClip(f.centre + fn.centres @ f.W_inv, f.W @ fn.W, fn.radius)
         else:
             fn = _InFrame(fn, self.frame, self.clip)
-        m = self.source.moments(per_class(fn))
-        return m.sums, m.second_moments
+        return self.source.bounded_moments(fn)[1:]
 
 
 @dataclass(frozen=True)
@@ -243,7 +240,7 @@ class _FusedRegionClip:
     radius: float
 
     def __call__(self, X: np.ndarray, k: int) -> np.ndarray:
-        return clip_to_norm((X - self.offsets[k]) @ self.V[k], self.radius)
+        return clip_to_norm(affine_rows(X, self.offsets[k], self.V[k]), self.radius)
 
 
 @dataclass(frozen=True)
