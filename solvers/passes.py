@@ -164,18 +164,21 @@ class _Scores:
         if self.transform is not None:
             X = self.transform(X)
         d = X.shape[1]
-        ia, ib = np.triu_indices(d)
-        q = ia.shape[0]
+        q = d * (d + 1) // 2
         m = X.shape[0]
         S = np.empty((self.beta.shape[0], m))
         for a in range(0, m, BLOCK_ROWS):
-            Zt = (X[a:a + BLOCK_ROWS] - self.origin).T
+            Zt = np.ascontiguousarray((X[a:a + BLOCK_ROWS] - self.origin).T)
             F = np.empty((q + d + 1, Zt.shape[1]))
-            np.multiply(Zt[ia], Zt[ib], out=F[:q])
+            row = 0
+            for i in range(d):  # z_i z_j for j >= i, in np.triu_indices order
+                np.multiply(Zt[i], Zt[i:], out=F[row:row + d - i])
+                row += d - i
             F[q:q + d] = Zt
             F[-1] = 1.0
-            np.matmul(self.beta, F, out=S[:, a:a + BLOCK_ROWS])
-        S *= self.scales2[:, codes]
+            Sb = S[:, a:a + BLOCK_ROWS]
+            np.matmul(self.beta, F, out=Sb)
+            Sb *= self.scales2[:, codes[a:a + BLOCK_ROWS]]  # in cache
         return _top(S, X, codes, self.pool, self.floor)
 
 
