@@ -153,8 +153,34 @@ def test_cli_process_has_no_traceback_on_bad_input(tmp_path):
 def test_learn_checks_its_output_before_reading_the_data(tmp_path, capsys):
     """An output that cannot be written is refused before the (private) data is read."""
     code = main(["learn", "--csv", str(tmp_path / "absent.csv"), "--components", "2",
-                 "--epsilon", "1", "--delta", "1e-6", "--learner", "kamath-pgme",
-                 "--out", str(tmp_path / "no-such-dir" / "r.json")])
+                 "--epsilon", "1", "--delta", "1e-6", "--learner", "kamath-pegme",
+                 "--param", "sigma_min=0.5", "--out", str(tmp_path / "no-such-dir" / "r.json")])
     assert code == 2
     err = capsys.readouterr().err
     assert "no-such-dir" in err and "absent.csv" not in err
+
+
+def test_learn_takes_the_learners_public_bounds_as_params(tmp_path, capsys):
+    """The bounds in the units of the data have no default: a missing one, an unknown option,
+    a bad value or a bad scale is refused (exit 2) before the data is read."""
+    absent = str(tmp_path / "absent.csv")
+    base = ["learn", "--csv", absent, "--components", "2", "--epsilon", "1", "--delta", "1e-6",
+            "--learner", "kamath-pgme", "--out", str(tmp_path / "r.json")]
+    bounds = ["--param", "R=10", "--param", "sigma_min=0.1", "--param", "sigma_max=3"]
+    for extra, words in (([], "needs the public parameters R, sigma_min, sigma_max"),
+                         (bounds + ["--param", "sigma_mx=2"], "no option 'sigma_mx'"),
+                         (bounds + ["--param", "beta"], "NAME=VALUE"),
+                         (bounds + ["--param", "c=five"], "not a valid"),
+                         (bounds[:-1] + ["sigma_max=-3"], "sigma_max must be a positive"),
+                         (bounds[:-1] + ["sigma_max=0.01"], "sigma_min must not exceed")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "r.json").exists()
+    rng = np.random.default_rng(3)
+    path = tmp_path / "u.csv"
+    np.savetxt(path, rng.normal(size=(300, 2)), delimiter=",", header="a,b", comments="")
+    code = main([*base[:2], str(path), *base[3:], *bounds, "--param", "mult=3", "--seed", "1"])
+    assert code in (0, 3)  # a model or a FAIL: either is the learner's output
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["learner"] == "kamath-pgme"

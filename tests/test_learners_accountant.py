@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from dp_accounting.rdp import RdpAccountant
 
+from conftest import learner_options
+
 from klrelease.learners import learn
 from klrelease.learners.afzali.aal_lite import aal_ledger
 from klrelease.learners.kamath.pegme import pegme_ledger
@@ -120,6 +122,7 @@ def test_zcdp_ledger_independent_of_data_and_recorded(name, accountant):
     X = np.array([[8.0, 0.0], [-8.0, 0.0]])[rng.integers(0, 2, 600)] + rng.normal(
         size=(600, 2))
     opts = {"r_init": 2, "n_init": 1, "accountant": accountant}
+    opts = learner_options(name, **opts)
     a = learn(X, 2, epsilon=1.0, delta=1e-6, learner=name, seed=1, **opts)
     b = learn(np.zeros_like(X), 2, epsilon=1.0, delta=1e-6, learner=name, seed=1, **opts)
     assert a.diagnostics["ledger"] == b.diagnostics["ledger"]
@@ -147,7 +150,8 @@ def test_unknown_accountant_is_rejected_before_the_data_is_read():
     X = np.zeros((100, 2))
     for name in NAMES:
         with pytest.raises(ValueError, match="accountant"):
-            learn(X, 2, epsilon=1.0, delta=1e-6, learner=name, seed=0, accountant="rdp")
+            learn(X, 2, epsilon=1.0, delta=1e-6, learner=name, seed=0,
+                  **learner_options(name, accountant="rdp"))
 
 
 def test_learn_command_accountant_option(tmp_path):
@@ -160,7 +164,8 @@ def test_learn_command_accountant_option(tmp_path):
     np.savetxt(path, rng.normal(size=(500, 2)), delimiter=",", header="a,b", comments="")
     out = tmp_path / "r.json"
     args = ["learn", "--csv", str(path), "--components", "2", "--epsilon", "1", "--delta",
-            "1e-6", "--out", str(out), "--seed", "0", "--learner", "kamath-pgme"]
+            "1e-6", "--out", str(out), "--seed", "0", "--param", "R=10", "--param", "sigma_min=0.1",
+            "--param", "sigma_max=3", "--learner", "kamath-pgme"]
     assert main(args + ["--accountant", "zcdp"]) == 3  # FAIL at preflight: n is too small
     res = json.loads(out.read_text())
     assert res["privacy"]["accountant"] == "zcdp"

@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from conftest import learner_options
+
 from klrelease.learners import learn, learners
 from klrelease.learners.afzali.aal_lite import (
     aal_ledger,
@@ -237,6 +239,7 @@ def test_ledger_independent_of_data(name):
     rng = np.random.default_rng(11)
     X, _ = _mixture(600, 2, 2, 10.0, rng)
     opts = {"r_init": 2, "n_init": 1}
+    opts = learner_options(name, **opts)
     a = learn(X, 2, epsilon=1.0, delta=1e-6, learner=name, seed=1, **opts)
     b = learn(np.zeros_like(X), 2, epsilon=1.0, delta=1e-6, learner=name, seed=1, **opts)
     assert a.diagnostics["ledger"] == b.diagnostics["ledger"]
@@ -253,7 +256,8 @@ def test_degenerate_data_returns_a_result(name):
     cases = [np.zeros((50, 2)), np.ones((3, 3)), rng.normal(size=(2, 2)) * 1e6,
              np.vstack([np.zeros((200, 2)), np.full((1, 2), 1e9)])]
     for X in cases:
-        res = learn(X, 3, epsilon=1.0, delta=1e-6, learner=name, seed=0, r_init=2, n_init=1)
+        res = learn(X, 3, epsilon=1.0, delta=1e-6, learner=name, seed=0,
+                    **learner_options(name, r_init=2, n_init=1))
         assert res.failed or res.gmm.n_components == 3
         assert not res.secure
         res.to_json()
@@ -297,7 +301,7 @@ def test_aal_style_recovers_and_fails():
     means = np.array([[6.0, 0.0], [-6.0, 0.0]])
     X = means[rng.integers(0, 2, 12000)] + rng.normal(size=(12000, 2))
     res = learn(X, 2, epsilon=4.0, delta=1e-6, learner="afzali-style-sample-aggregate",
-                seed=3, w_mu=2.0, r_init=2)
+                seed=3, sigma_max=3.0, w_mu=2.0, r_init=2)
     assert res.ok, res.reason
     err = np.linalg.norm(res.gmm.means[:, None] - means[None], axis=2).min(axis=1)
     assert np.all(err < 1.2)
@@ -345,7 +349,8 @@ _RELEASED_KEYS = {
 def test_diagnostics_hold_only_public_or_released_values(name):
     rng = np.random.default_rng(18)
     X, _ = _mixture(800, 2, 2, 20.0, rng)
-    res = learn(X, 2, epsilon=2.0, delta=1e-6, learner=name, seed=5, r_init=2, n_init=1)
+    res = learn(X, 2, epsilon=2.0, delta=1e-6, learner=name, seed=5,
+                **learner_options(name, r_init=2, n_init=1))
     assert set(res.diagnostics) <= _RELEASED_KEYS[name]
     if name == "kamath-pgme":
         for node in res.diagnostics["nodes"]:
@@ -354,7 +359,7 @@ def test_diagnostics_hold_only_public_or_released_values(name):
 
 @pytest.mark.parametrize(("name", "n", "opts"), [
     ("kamath-sa-lite", 30000, {"R": 7.0, "sigma_min": 0.5, "sigma_max": 2.0, "n_init": 1}),
-    ("afzali-style-sample-aggregate", 12000, {"w_mu": 2.0, "r_init": 1}),
+    ("afzali-style-sample-aggregate", 12000, {"sigma_max": 3.0, "w_mu": 2.0, "r_init": 1}),
 ])
 def test_block_learners_report_progress_per_block(name, n, opts):
     rng = np.random.default_rng(19)
@@ -365,3 +370,50 @@ def test_block_learners_report_progress_per_block(name, n, opts):
     assert ticks == [1] * res.diagnostics["blocks"] and len(ticks) > 1
     quiet = learn(X, 2, epsilon=4.0, delta=1e-6, learner=name, seed=6, progress=True, **opts)
     assert quiet.to_json() == res.to_json()  # a non-callable progress is ignored
+
+
+# ------------------------------------------------------------------------- equivariance
+
+#: Public bounds in the units of the data (scaled with the data below).
+_UNITS = ("R", "sigma_min", "sigma_max", "w_mu")
+
+
+@pytest.mark.parametrize(("name", "n", "sep", "opts"), [
+    ("kamath-pgme", 6000, 25.0, {"R": 26.0, "sigma_min": 0.5, "sigma_max": 2.0}),
+    ("kamath-pegme", 8000, 8.0, {"sigma_min": 1.0, "kappa": 2.0, "inflate": 1.5}),
+    ("kamath-sa-lite", 30000, 6.0, {"R": 7.0, "sigma_min": 0.5, "sigma_max": 2.0,
+                                    "n_init": 1, "agree": 0.6}),
+    ("afzali-style-sample-aggregate", 12000, 6.0, {"sigma_max": 3.0, "w_mu": 2.0,
+                                                   "r_init": 1}),
+])
+@pytest.mark.parametrize("units", [1e-3, 3.7e4])
+def test_changing_the_units_keeps_the_release(name, n, sep, opts, units):
+    """Features and the public bounds in other units (millimetres for metres, ...): the same
+    seed releases the same model in the new units, so its quality is unchanged."""
+    rng = np.random.default_rng(n)
+    means = np.zeros((2, 2))
+    means[:, 0] = [-sep / 2, sep / 2]
+    X = means[rng.integers(0, 2, n)] + rng.normal(size=(n, 2))
+    a = learn(X, 2, epsilon=4.0, delta=1e-6, learner=name, seed=7, **opts)
+    scaled = {k: v * units if k in _UNITS else v for k, v in opts.items()}
+    b = learn(X * units, 2, epsilon=4.0, delta=1e-6, learner=name, seed=7, **scaled)
+    assert a.ok and b.ok, (a.reason, b.reason)
+    np.testing.assert_allclose(b.gmm.weights, a.gmm.weights, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(b.gmm.means / units, a.gmm.means, rtol=1e-9, atol=1e-9 * sep)
+    np.testing.assert_allclose(b.gmm.covariances / units**2, a.gmm.covariances, rtol=1e-9,
+                               atol=1e-12)
+
+
+def test_bounds_in_data_units_have_no_default():
+    X = np.zeros((10, 2))
+    for name, needed in (("kamath-pgme", "R, sigma_min, sigma_max"),
+                         ("kamath-sa-lite", "R, sigma_min, sigma_max"),
+                         ("kamath-pegme", "sigma_min"),
+                         ("afzali-style-sample-aggregate", "sigma_max")):
+        with pytest.raises(ValueError, match=f"needs the public parameters? {needed}"):
+            learn(X, 2, epsilon=1.0, delta=1e-6, learner=name, seed=0)
+    with pytest.raises(ValueError, match="no option 'sigma_mx'"):
+        learn(X, 2, epsilon=1.0, delta=1e-6, learner="kamath-pegme", seed=0, sigma_min=1.0,
+              sigma_mx=2.0)
+    with pytest.raises(ValueError, match="sigma_min must be a positive number"):
+        learn(X, 2, epsilon=1.0, delta=1e-6, learner="kamath-pegme", seed=0, sigma_min=0.0)

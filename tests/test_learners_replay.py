@@ -26,12 +26,13 @@ CASES = [
     ("kamath-pegme", 2, 6000, 3, 8.0, {"sigma_min": 1.0, "kappa": 2.0, "inflate": 1.5}),
     ("kamath-sa-lite", 2, 30000, 2, 6.0, {"R": 7.0, "sigma_min": 0.5, "sigma_max": 2.0,
                                           "n_init": 1, "agree": 0.6}),
-    ("afzali-style-sample-aggregate", 2, 12000, 2, 6.0, {"w_mu": 2.0, "r_init": 1}),
+    ("afzali-style-sample-aggregate", 2, 12000, 2, 6.0, {"sigma_max": 3.0, "w_mu": 2.0,
+                                                         "r_init": 1}),
     # the zCDP accountant changes the budgets only, not the hygiene
     ("kamath-pgme", 3, 8000, 3, 25.0, {"R": 26.0, "sigma_min": 0.5, "sigma_max": 2.0,
                                        "accountant": "zcdp"}),
-    ("afzali-style-sample-aggregate", 2, 60000, 2, 6.0, {"w_mu": 2.0, "r_init": 1,
-                                                         "accountant": "zcdp"}),
+    ("afzali-style-sample-aggregate", 2, 60000, 2, 6.0, {"sigma_max": 3.0, "w_mu": 2.0,
+                                                         "r_init": 1, "accountant": "zcdp"}),
 ]
 
 
@@ -119,7 +120,8 @@ def test_a_seeded_learner_run_is_never_certified_and_cannot_be_spent_as_one():
 
     rng = np.random.default_rng(0)
     X = np.concatenate([rng.normal(size=(300, 2)), rng.normal(size=(300, 2)) + 40.0])
-    res = learn(X, 2, epsilon=1.0, delta=1e-6, learner="afzali-style-sample-aggregate", seed=1)
+    res = learn(X, 2, epsilon=1.0, delta=1e-6, learner="afzali-style-sample-aggregate", seed=1,
+                sigma_max=3.0)
     assert not res.secure and not res.guarantee.certified
     assert res.to_dict()["privacy"]["certified"] is False
     acc = BudgetAccountant(1.0, 1e-6)

@@ -17,7 +17,7 @@ import typer
 
 from .app import BadInput, _write_atomic, app, check_output, err_console, out_console
 
-__all__ = ["learn_command", "list_learners", "read_unlabelled_csv"]
+__all__ = ["learn_command", "list_learners", "parse_params", "read_unlabelled_csv"]
 
 
 def read_unlabelled_csv(path: Path, columns: str | None) -> tuple[np.ndarray, list[str]]:
@@ -44,6 +44,43 @@ def read_unlabelled_csv(path: Path, columns: str | None) -> tuple[np.ndarray, li
     return X, names
 
 
+#: Options with a flag of their own, or that the command sets.
+_NOT_PARAMS = ("accountant", "progress")
+
+
+def parse_params(name: str, fn, items: list[str]) -> dict:
+    """``NAME=VALUE`` strings as the learner's options, typed by its signature (a bound in the
+    units of the data or another number as a float, counts as integers, true/false)."""
+    from ..learners.result import learner_options
+
+    known = {k: p for k, p in learner_options(fn).items() if k not in _NOT_PARAMS}
+    out: dict = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key, text = key.strip(), text.strip()
+        if not sep or not key:
+            raise BadInput(f"--param takes NAME=VALUE, got {item!r}")
+        if key not in known:
+            raise BadInput(f"learner {name!r} has no option {key!r}; its options: "
+                           f"{', '.join(known)}")
+        kind = str(known[key].annotation)
+        try:
+            if "bool" in kind:
+                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                value = text.lower() in ("true", "1", "yes")
+            elif "int" in kind and "float" not in kind:
+                value = int(text)
+            elif "str" in kind:
+                value = text
+            else:
+                value = float(text)
+        except ValueError:
+            raise BadInput(f"--param {key}: {text!r} is not a valid {kind}") from None
+        out[key] = value
+    return out
+
+
 @app.command("learn")
 def learn_command(
     csv_path: Annotated[Path, typer.Option("--csv", help="CSV file with a header row")],
@@ -58,19 +95,28 @@ def learn_command(
     accountant: Annotated[str | None, typer.Option(
         help="privacy accountant of the worst-path ledger: basic, zcdp or auto (the larger "
              "per-piece budgets, chosen from public inputs)")] = None,
+    param: Annotated[list[str] | None, typer.Option(
+        "--param", help="a public option of the learner, NAME=VALUE (repeatable), e.g. "
+                        "--param R=10 --param sigma_min=0.1 --param sigma_max=3 in the units "
+                        "of the data")] = None,
 ):
     """Learn a GMM privately from unlabelled rows; FAIL exits with status 3."""
     from ..learners import get_learner, learn
+    from ..learners.result import check_options
     from ..privacy.ledger import ACCOUNTANTS
 
     fn = get_learner(learner)  # unknown names list the registered learners (exit 2)
-    options = {}
+    options = parse_params(learner, fn, param or [])
     if accountant is not None:
         if "accountant" not in inspect.signature(fn).parameters:
             raise BadInput(f"learner {learner!r} has no accountant option")
         if accountant not in ACCOUNTANTS:
             raise BadInput(f"--accountant must be one of {', '.join(ACCOUNTANTS)}")
         options["accountant"] = accountant
+    try:
+        check_options(learner, fn, options)  # public inputs, before the data is read
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
     check_output(out)  # before the data is read: a result that cannot be written is not run
     X, _ = read_unlabelled_csv(csv_path, columns)
     if "progress" in inspect.signature(fn).parameters:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,6 +144,48 @@ def get_learner(name: str) -> Learner:
         ) from None
 
 
+#: Public parameters in the units of the data: positive and finite when given.
+SCALE_PARAMETERS = ("R", "sigma_min", "sigma_max", "w_mu")
+_RUN_ARGUMENTS = ("epsilon", "delta", "rng")
+
+
+def learner_options(fn: Learner) -> dict[str, inspect.Parameter]:
+    """The public options of a learner (its keyword-only parameters except the budget and
+    the generator)."""
+    return {name: p for name, p in inspect.signature(fn).parameters.items()
+            if p.kind == p.KEYWORD_ONLY and name not in _RUN_ARGUMENTS}
+
+
+def check_options(name: str, fn: Learner, options: dict) -> None:
+    """Options are public inputs: checked before the data is read. An unknown option, a
+    required one missing (the bounds in the units of the data have no default) or a scale
+    that is not a positive number raises :class:`ValueError`."""
+    known = learner_options(fn)
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        raise ValueError(f"learner {name!r} has no option {unknown[0]!r}; its options: "
+                         f"{', '.join(known)}")
+    missing = [k for k, p in known.items() if p.default is p.empty and k not in options]
+    if missing:
+        raise ValueError(
+            f"learner {name!r} needs the public parameter{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(missing)}, in the units of the data (public knowledge about the "
+            "population, never read from the data; CLI: --param NAME=VALUE)")
+    for key in SCALE_PARAMETERS:
+        value = options.get(key)
+        if value is None:
+            continue
+        try:
+            ok = math.isfinite(float(value)) and float(value) > 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{key} must be a positive number, got {value!r}")
+    lo, hi = options.get("sigma_min"), options.get("sigma_max")
+    if lo is not None and hi is not None and float(lo) > float(hi):
+        raise ValueError("sigma_min must not exceed sigma_max")
+
+
 def learn(X, n_components: int, *, epsilon: float, delta: float, learner: str,
           seed: int | None = None, **options) -> LearnResult:
     """Run a registered private learner on unlabelled rows ``X``.
@@ -155,6 +199,7 @@ def learn(X, n_components: int, *, epsilon: float, delta: float, learner: str,
 
     eps, dlt = check_privacy_parameters(epsilon, delta)
     fn = get_learner(learner)
+    check_options(learner, fn, options)
     try:
         X = np.asarray(X, dtype=np.float64)
     except (TypeError, ValueError):

@@ -92,25 +92,29 @@ def _sym_fn(S: np.ndarray, fn) -> np.ndarray:
     return (V * fn(w)) @ V.T
 
 
-def _component_phi(mu, Sigma, w_mu, w_l):
+def _component_phi(mu, Sigma, w_mu, w_l, ell0=0.0):
+    """Grid coordinates of a component and its log scale ``ell`` (the log geometric-mean
+    standard deviation) measured from ``ell0`` (the learner's ``log sigma_max``: the grid then
+    moves with the units of the data)."""
     d = len(mu)
-    ell = np.linalg.slogdet(Sigma)[1] / (2 * d)
+    ell = np.linalg.slogdet(Sigma)[1] / (2 * d) - ell0
     return np.concatenate([mu / w_mu, [ell / w_l]]), ell
 
 
-def candidate_key(gm: tuple, u: np.ndarray, v: np.ndarray, w_mu: float, w_l: float):
+def candidate_key(gm: tuple, u: np.ndarray, v: np.ndarray, w_mu: float, w_l: float,
+                  ell0: float = 0.0):
     """Permutation-invariant key of a candidate mixture and its component order."""
     _, means, covs = gm
     keys, ties = [], []
     for mu, S in zip(means, covs, strict=True):
-        phi, _ = _component_phi(mu, S, w_mu, w_l)
+        phi, _ = _component_phi(mu, S, w_mu, w_l, ell0)
         keys.append(tuple(np.floor(phi + u).astype(np.int64).tolist()))
         ties.append(float(v @ mu))
     order = sorted(range(len(keys)), key=lambda j: (keys[j], ties[j]))
     return (len(keys), tuple(keys[j] for j in order)), order
 
 
-def encode_theta(gm: tuple, key, order, u, w_mu, w_l, L_F) -> np.ndarray:
+def encode_theta(gm: tuple, key, order, u, w_mu, w_l, L_F, ell0: float = 0.0) -> np.ndarray:
     """Unit-free bounded vector of an aligned candidate (clipped so that its norm <= B)."""
     weights, means, covs = gm
     d = means.shape[1]
@@ -118,10 +122,10 @@ def encode_theta(gm: tuple, key, order, u, w_mu, w_l, L_F) -> np.ndarray:
     for j_key, j in enumerate(order):
         cell = np.asarray(key[1][j_key], dtype=np.float64)
         mu, S = means[j], covs[j]
-        _, ell = _component_phi(mu, S, w_mu, w_l)
+        _, ell = _component_phi(mu, S, w_mu, w_l, ell0)
         g_mu = w_mu * (cell[:d] - u[:d] + 0.5)
         g_l = w_l * (cell[d] - u[d] + 0.5)
-        A = _sym_fn(S, np.log) - 2.0 * ell * np.eye(d)
+        A = _sym_fn(S, np.log) - 2.0 * (ell + ell0) * np.eye(d)
         fn = np.linalg.norm(A)
         if fn > L_F:
             A = A * (L_F / fn)
@@ -131,7 +135,8 @@ def encode_theta(gm: tuple, key, order, u, w_mu, w_l, L_F) -> np.ndarray:
     return np.concatenate([np.ravel(p) for p in parts])
 
 
-def decode_theta(theta: np.ndarray, key, k: int, d: int, u, w_mu, w_l, L_F):
+def decode_theta(theta: np.ndarray, key, k: int, d: int, u, w_mu, w_l, L_F,
+                 ell0: float = 0.0):
     """Mixture from a released vector (post-processing); covariances are always PD."""
     p = d * (d + 1) // 2
     step = d + 1 + p
@@ -140,7 +145,7 @@ def decode_theta(theta: np.ndarray, key, k: int, d: int, u, w_mu, w_l, L_F):
         blk = theta[j * step:(j + 1) * step]
         cell = np.asarray(key[1][j], dtype=np.float64)
         mu = w_mu * (cell[:d] - u[:d] + 0.5) + w_mu * blk[:d]
-        ell = w_l * (cell[d] - u[d] + 0.5) + w_l * blk[d]
+        ell = w_l * (cell[d] - u[d] + 0.5) + w_l * blk[d] + ell0
         A = L_F * unvech(blk[d + 1:], d, isometric=True)
         A = A - np.trace(A) / d * np.eye(d)
         covs.append(math.exp(2.0 * ell) * _sym_fn(A, np.exp))
@@ -173,14 +178,16 @@ def _block_candidates(F, H, k, seeds, tau_ll, reg):
 
 
 def learn_aal_style(X, n_components: int, *, epsilon: float, delta: float,
-                    rng: np.random.Generator, w_mu: float | None = None, sigma_max: float = 3.0,
+                    rng: np.random.Generator, sigma_max: float, w_mu: float | None = None,
                     w_l: float = 0.5, L_F: float = 2.0, Q: int = 4, r_init: int = 10,
                     holdout: float = 0.3, tau_ll: float = 0.05, blocks: int | None = None,
                     refine: bool = True, seed: int | None = None, accountant: str = "basic",
-                    progress=None, **_ignored) -> LearnResult:
+                    progress=None) -> LearnResult:
     """Sample-and-aggregate following Afzali et al.'s privacy architecture (no utility claim).
 
-    Public parameters: ``w_mu`` mean-cell width (default ``3 sigma_max``), ``w_l`` log-scale
+    Public parameters: ``sigma_max`` largest component standard deviation (in the units of
+    the data, required: no default), ``w_mu`` mean-cell width (default ``3 sigma_max``),
+    ``w_l`` log-scale
     cell width, ``L_F`` shape clip, ``Q`` keys per block, ``r_init`` EM restarts, ``holdout``
     fraction, ``tau_ll`` likelihood filter (nats/point), ``blocks`` T (default
     ``min(n // max(100, 15 P), 1000)``, P the number of free parameters), ``accountant``
@@ -195,6 +202,7 @@ def learn_aal_style(X, n_components: int, *, epsilon: float, delta: float,
     master = structure_seed(rng, seed)
     struct = structure_rng(master, "public")
     w_mu = 3.0 * sigma_max if w_mu is None else float(w_mu)
+    ell0 = math.log(sigma_max)  # the log-scale grid is measured from the public sigma_max
     P = k * (1 + d + d * (d + 1) // 2) - 1
     n_b = max(100, 15 * P)
     T = int(blocks) if blocks else min(n // n_b, 1000)
@@ -222,7 +230,7 @@ def learn_aal_style(X, n_components: int, *, epsilon: float, delta: float,
                                   1e-4 * w_mu**2)
         ks, rep = [], {}
         for _, gm in cands:
-            key, order = candidate_key(gm, u, v, w_mu, w_l)
+            key, order = candidate_key(gm, u, v, w_mu, w_l, ell0)
             if key not in rep:
                 rep[key] = (gm, order)
                 ks.append(key)
@@ -241,17 +249,17 @@ def learn_aal_style(X, n_components: int, *, epsilon: float, delta: float,
                     f"n={n}, d={d}, k={k}, eps={epsilon:g})", diag)
     if not refine:
         means = np.array([w_mu * (np.asarray(c[:d]) - u[:d] + 0.5) for c in kappa[1]])
-        covs = np.array([math.exp(2 * w_l * (c[d] - u[d] + 0.5)) * np.eye(d)
+        covs = np.array([math.exp(2 * (w_l * (c[d] - u[d] + 0.5) + ell0)) * np.eye(d)
                          for c in kappa[1]])
         return success(NAME, g, np.full(k, 1.0 / k), means, covs, diag)
-    thetas = [encode_theta(rep[kappa][0], kappa, rep[kappa][1], u, w_mu, w_l, L_F)
+    thetas = [encode_theta(rep[kappa][0], kappa, rep[kappa][1], u, w_mu, w_l, L_F, ell0)
               for rep in reps if kappa in rep]
     dim = k * (d + 1 + d * (d + 1) // 2) + k
     B = theta_bound(k, d)
     theta, cnt = noisy_sum_count(np.array(thetas).reshape(-1, dim), np.zeros(dim), B,
                                  *bud["refine"], rng, zcdp=bud["refine"].zcdp)
     diag["refine_noisy_count"] = cnt
-    w, means, covs = decode_theta(theta, kappa, k, d, u, w_mu, w_l, L_F)
+    w, means, covs = decode_theta(theta, kappa, k, d, u, w_mu, w_l, L_F, ell0)
     return success(NAME, g, w, means, covs, diag)
 
 

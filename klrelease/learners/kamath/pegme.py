@@ -104,13 +104,13 @@ def _score(built: tuple) -> float:
 
 
 def learn_pegme(X, n_components: int, *, epsilon: float, delta: float,
-                rng: np.random.Generator, sigma_min: float = 0.5, kappa: float = 4.0,
+                rng: np.random.Generator, sigma_min: float, kappa: float = 4.0,
                 beta: float = 0.05, inflate: float = 4.0 * math.sqrt(3.0),
-                seed: int | None = None, accountant: str = "basic", progress: bool = False,
-                **_ignored) -> LearnResult:
+                seed: int | None = None, accountant: str = "basic", progress: bool = False) -> LearnResult:
     """Kamath et al. warm-up PEGME (spherical components of equal weight).
 
-    Parameters (all public): ``sigma_min`` smallest component standard deviation, ``kappa``
+    Parameters (all public): ``sigma_min`` smallest component standard deviation (in the
+    units of the data, required: no default), ``kappa``
     bound on the variance ratio, ``beta`` failure probability (thresholds only), ``inflate``
     the factor from the located radius to the removal radius (paper ``4 sqrt(3)``; privacy
     neutral, K19), ``accountant`` ``basic`` (default), ``zcdp`` or ``auto``. The model

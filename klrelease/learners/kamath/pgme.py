@@ -150,17 +150,20 @@ def _budget_piece(b: dict, prefix: str) -> dict:
 
 
 def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
-               rng: np.random.Generator, R: float = 10.0, sigma_min: float = 0.1,
-               sigma_max: float = 3.0, w_min: float | None = None, beta: float = 0.05,
+               rng: np.random.Generator, R: float, sigma_min: float,
+               sigma_max: float, w_min: float | None = None, beta: float = 0.05,
                c: float = 5.0, mult: float = 3.0, seed: int | None = None,
-               accountant: str = "basic", progress: bool = False,
-               **_ignored) -> LearnResult:
+               accountant: str = "basic", progress: bool = False) -> LearnResult:
     """Kamath et al. PGME with the practical replacements of ``KAMATH.md`` section 2.3.
 
     Parameters (all public)
     -----------------------
-    R : bound on the norm of every component mean.
-    sigma_min, sigma_max : bounds on the component standard deviations.
+    R : bound on the norm of every component mean (required).
+    sigma_min, sigma_max : bounds on the component standard deviations (required).
+
+    ``R``, ``sigma_min`` and ``sigma_max`` are in the units of the data and have no default,
+    so that changing the units of the features and of these bounds together keeps the
+    release's quality.
     w_min : lower bound on the mixing weights (default ``1/(2k)``).
     beta : failure probability (thresholds only).
     c : terrific-ball factor; mult : bounding-ball multiplier ([PRACTICAL] 3, paper 12).

@@ -132,7 +132,9 @@ def block_radius_query(points: np.ndarray, block_of: np.ndarray, radii: np.ndarr
 
 
 @blas_single_thread  # many small fits: threaded BLAS only adds synchronisation
-def _fit_blocks(X, perm, m, n_b, k, master, n_init, R, tick=None):
+def _fit_blocks(X, perm, m, n_b, k, master, n_init, R, reg, tick=None):
+    """EM on every block; ``reg`` the variance floor of the fits (public: relative to
+    ``sigma_min``, so that it moves with the units of the data)."""
     from sklearn.mixture import GaussianMixture
 
     d = X.shape[1]
@@ -148,7 +150,7 @@ def _fit_blocks(X, perm, m, n_b, k, master, n_init, R, tick=None):
                 warnings.simplefilter("ignore")
                 gm = GaussianMixture(k, covariance_type="spherical", n_init=n_init,
                                      init_params="k-means++", random_state=seed,
-                                     reg_covar=1e-6).fit(block)
+                                     reg_covar=reg).fit(block)
             mu = gm.means_
             nrm = np.linalg.norm(mu, axis=1, keepdims=True)
             means[b] = mu * np.minimum(1.0, R / np.maximum(nrm, 1e-300))
@@ -162,15 +164,15 @@ def _fit_blocks(X, perm, m, n_b, k, master, n_init, R, tick=None):
 
 
 def learn_salite(X, n_components: int, *, epsilon: float, delta: float,
-                 rng: np.random.Generator, R: float = 10.0, sigma_min: float = 0.1,
-                 sigma_max: float = 3.0, alpha: float = 0.1, beta: float = 0.05,
+                 rng: np.random.Generator, R: float, sigma_min: float,
+                 sigma_max: float, alpha: float = 0.1, beta: float = 0.05,
                  block_size: int | None = None, agree: float = 0.8, n_init: int = 3,
-                 seed: int | None = None, accountant: str = "basic", progress=None,
-                 **_ignored) -> LearnResult:
+                 seed: int | None = None, accountant: str = "basic", progress=None) -> LearnResult:
     """Kamath et al. sample-and-aggregate, practical (SA-lite).
 
     Public parameters: ``R`` bound on the mean norms (block means are clipped to it),
-    ``sigma_min``, ``sigma_max`` standard-deviation bounds, ``alpha`` weight-bin width times
+    ``sigma_min``, ``sigma_max`` standard-deviation bounds (these three in the units of the
+    data, required: no default), ``alpha`` weight-bin width times
     k, ``block_size`` (default ``max(30, 10 k (d + 1))``), ``agree`` the fraction of blocks the
     radius query targets (``t = ceil(agree m)``), ``n_init`` EM restarts per block,
     ``accountant`` ``basic`` (default), ``zcdp`` or ``auto`` (public inputs only).
@@ -201,7 +203,7 @@ def learn_salite(X, n_components: int, *, epsilon: float, delta: float,
                     f"{t - gamma:.4g} or the selection threshold {tau_s:.4g} (n={n}, d={d}, "
                     f"k={k}, eps={epsilon:g}); decided from public numbers only", diag)
     perm = structure_rng(master, "perm").permutation(n)
-    M, W, Vv, active = _fit_blocks(X, perm, m, n_b, k, master, n_init, R,
+    M, W, Vv, active = _fit_blocks(X, perm, m, n_b, k, master, n_init, R, 1e-6 * sigma_min**2,
                                    progress if callable(progress) else None)
     block_ids = np.repeat(np.arange(m), k).reshape(m, k)
     out_means, out_w, out_v = [], [], []
