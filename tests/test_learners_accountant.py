@@ -7,9 +7,8 @@ import math
 import dp_accounting
 import numpy as np
 import pytest
-from dp_accounting.rdp import RdpAccountant
-
 from conftest import learner_options
+from dp_accounting.rdp import RdpAccountant
 
 from klrelease.learners import learn
 from klrelease.learners.afzali.aal_lite import aal_ledger

@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-
 from conftest import learner_options
 
 from klrelease.learners import learn, learners

@@ -22,8 +22,8 @@ from __future__ import annotations
 from .moments import (
     ClassMoments,
     RowMap,
-    chunk_moments,
     bounded_class_moments,
+    chunk_moments,
     class_sums,
     pooled_moments,
 )

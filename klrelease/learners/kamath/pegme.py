@@ -106,7 +106,8 @@ def _score(built: tuple) -> float:
 def learn_pegme(X, n_components: int, *, epsilon: float, delta: float,
                 rng: np.random.Generator, sigma_min: float, kappa: float = 4.0,
                 beta: float = 0.05, inflate: float = 4.0 * math.sqrt(3.0),
-                seed: int | None = None, accountant: str = "basic", progress: bool = False) -> LearnResult:
+                seed: int | None = None, accountant: str = "basic",
+                progress: bool = False) -> LearnResult:
     """Kamath et al. warm-up PEGME (spherical components of equal weight).
 
     Parameters (all public): ``sigma_min`` smallest component standard deviation (in the
