@@ -129,8 +129,10 @@ _LOOKUP_SPAN = 1 << 16
 def _lookup_codes(y: np.ndarray, classes: np.ndarray) -> np.ndarray | None:
     """Class codes of integer labels by a lookup table over the classes' span (``None`` when
     the span is too wide). The same codes and the same error as the sorted search."""
+    if classes.size == 0:
+        return None
     lo, hi = int(classes.min()), int(classes.max())
-    if hi - lo >= _LOOKUP_SPAN:
+    if hi - lo >= _LOOKUP_SPAN or lo < -(2**63) or hi >= 2**63:  # int64 arithmetic below
         return None
     if y.size and (int(y.min()) < lo or int(y.max()) > hi):
         raise ValueError("y contains a label that is not one of the declared classes")

@@ -114,7 +114,7 @@ def learn_command(
             raise BadInput(f"--accountant must be one of {', '.join(ACCOUNTANTS)}")
         options["accountant"] = accountant
     try:
-        check_options(learner, fn, options)  # public inputs, before the data is read
+        options = check_options(learner, fn, options)  # public, before the data is read
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     check_output(out)  # before the data is read: a result that cannot be written is not run

@@ -146,7 +146,9 @@ def get_learner(name: str) -> Learner:
 
 #: Public parameters in the units of the data: positive and finite when given.
 SCALE_PARAMETERS = ("R", "sigma_min", "sigma_max", "w_mu")
-_RUN_ARGUMENTS = ("epsilon", "delta", "rng")
+#: Arguments that ``learn`` passes itself (``seed``: a learner's structural seed is drawn from
+#: the generator ``learn`` makes from its own ``seed``).
+_RUN_ARGUMENTS = ("epsilon", "delta", "rng", "seed")
 
 
 def learner_options(fn: Learner) -> dict[str, inspect.Parameter]:
@@ -156,10 +158,11 @@ def learner_options(fn: Learner) -> dict[str, inspect.Parameter]:
             if p.kind == p.KEYWORD_ONLY and name not in _RUN_ARGUMENTS}
 
 
-def check_options(name: str, fn: Learner, options: dict) -> None:
+def check_options(name: str, fn: Learner, options: dict) -> dict:
     """Options are public inputs: checked before the data is read. An unknown option, a
     required one missing (the bounds in the units of the data have no default) or a scale
-    that is not a positive number raises :class:`ValueError`."""
+    that is not a positive number raises :class:`ValueError`. Returns the options with the
+    scales as floats."""
     known = learner_options(fn)
     unknown = [k for k in options if k not in known]
     if unknown:
@@ -171,19 +174,20 @@ def check_options(name: str, fn: Learner, options: dict) -> None:
             f"learner {name!r} needs the public parameter{'s' if len(missing) > 1 else ''} "
             f"{', '.join(missing)}, in the units of the data (public knowledge about the "
             "population, never read from the data; CLI: --param NAME=VALUE)")
+    out = dict(options)
     for key in SCALE_PARAMETERS:
-        value = options.get(key)
-        if value is None:
-            continue
-        try:
-            ok = math.isfinite(float(value)) and float(value) > 0
-        except (TypeError, ValueError):
-            ok = False
+        if key not in options or (options[key] is None and known[key].default is None):
+            continue  # absent, or None where None is the default (derived from the others)
+        value = options[key]
+        ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+            value, (bool, np.bool_)) and math.isfinite(float(value)) and float(value) > 0
         if not ok:
             raise ValueError(f"{key} must be a positive number, got {value!r}")
-    lo, hi = options.get("sigma_min"), options.get("sigma_max")
-    if lo is not None and hi is not None and float(lo) > float(hi):
+        out[key] = float(value)
+    lo, hi = out.get("sigma_min"), out.get("sigma_max")
+    if lo is not None and hi is not None and lo > hi:
         raise ValueError("sigma_min must not exceed sigma_max")
+    return out
 
 
 def learn(X, n_components: int, *, epsilon: float, delta: float, learner: str,
@@ -199,7 +203,7 @@ def learn(X, n_components: int, *, epsilon: float, delta: float, learner: str,
 
     eps, dlt = check_privacy_parameters(epsilon, delta)
     fn = get_learner(learner)
-    check_options(learner, fn, options)
+    options = check_options(learner, fn, options)
     try:
         X = np.asarray(X, dtype=np.float64)
     except (TypeError, ValueError):
