@@ -417,3 +417,60 @@ def test_a_defect_after_noise_is_not_hidden_by_the_stage_a_fallback(monkeypatch)
         warnings.simplefilter("ignore")
         klrelease.release(ArraySource(X, y, classes=CLASSES), None, epsilon=1.0, delta=1e-6,
                           seed=2)
+
+
+def test_prefetched_chunks_keep_order_errors_and_stop_the_reader():
+    import threading
+
+    from klrelease.stream.sources import _prefetched
+
+    assert list(_prefetched(iter(range(50)))) == list(range(50))
+    closed = []
+
+    def failing():
+        try:
+            yield 1
+            yield 2
+            raise OSError("disk gone")
+        finally:
+            closed.append("failing")
+
+    got = []
+    with pytest.raises(OSError, match="disk gone"):
+        for item in _prefetched(failing()):
+            got.append(item)
+    assert got == [1, 2] and closed == ["failing"]
+
+    def endless():
+        try:
+            i = 0
+            while True:
+                yield i
+                i += 1
+        finally:
+            closed.append("endless")
+
+    gen = _prefetched(endless())
+    assert [next(gen) for _ in range(5)] == [0, 1, 2, 3, 4]
+    gen.close()  # the consumer stops early: the producer stops and closes its generator
+    assert closed[-1] == "endless"
+    assert not any(t.name == "klrelease-prefetch" for t in threading.enumerate())
+
+
+def test_a_bad_value_read_ahead_fails_the_pass_like_a_sequential_read(tmp_path):
+    """The chunk after a bad one may already be read; the pass still fails with the rule's
+    message at the bad chunk, and no reader thread is left behind."""
+    import threading
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    X, y = _data(n=4000)
+    X[3500, 1] = np.nan
+    pq.write_table(pa.table({"a": X[:, 0], "b": X[:, 1], "c": X[:, 2], "y": y}),
+                   tmp_path / "d.parquet")
+    src = ParquetSource(tmp_path / "d.parquet", "y", classes=CLASSES, chunk_rows=500)
+    assert src.prefetch
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        src.moments()
+    assert not any(t.name == "klrelease-prefetch" for t in threading.enumerate())

@@ -102,6 +102,9 @@ class Source:
 
     n_features: int
     feature_names: tuple[str, ...]
+    #: Read the next chunk on a second thread while this one is reduced (file sources, whose
+    #: decoding releases the GIL; chunks of arrays in memory are views and need no reading).
+    prefetch: bool = False
 
     def __init__(self, classes=None, bounds=None, norm_bound=None):
         self.classes_declared = classes is not None
@@ -128,10 +131,16 @@ class Source:
         from .._threads import single_threaded_blas
 
         acc, offset = initial, 0
-        with single_threaded_blas():  # small products per chunk: threads only synchronise
-            for X, y in self.chunks():
-                acc = merge(acc, fn(X, y, offset) if indexed else fn(X, y))
-                offset += len(y)
+        chunks = _prefetched(self.chunks()) if self.prefetch else self.chunks()
+        try:
+            with single_threaded_blas():  # small products per chunk: threads only synchronise
+                for X, y in chunks:
+                    acc = merge(acc, fn(X, y, offset) if indexed else fn(X, y))
+                    offset += len(y)
+        finally:  # a pass that stops early stops the reader (and its thread) now
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
         return acc
 
     # ---------------------------------------------------------------------------- passes
@@ -199,6 +208,57 @@ class Source:
         that does not depend on its class, and the sum over all rows (d',) taken in row order,
         so that it reads no label. Validates every chunk like :meth:`moments`."""
         return self.scan(_ChunkSums(len(self.resolve_classes()), g), _add_tuples, None)
+
+
+_DONE = object()
+
+
+def _prefetched(chunks: Iterator, depth: int = 2) -> Iterator:
+    """The items of ``chunks``, produced on a second thread up to ``depth`` items ahead (in
+    the same order). An exception of the producer is raised here, where the item would have
+    been; when the consumer stops early, the producer stops and closes ``chunks``."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce():
+        try:
+            for item in chunks:
+                while not stop.is_set():
+                    try:
+                        q.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put((_DONE, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            q.put((_DONE, exc))
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="klrelease-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, exc = q.get()
+            if item is _DONE:
+                if exc is not None:
+                    raise exc
+                return
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # let a blocked put finish
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                thread.join(0.05)
 
 
 # ------------------------------------------------------------ per-chunk work (shipped to
@@ -368,7 +428,8 @@ def _paths(path_or_glob, suffix: str) -> list[Path]:
 
 
 class ParquetSource(Source):
-    """Parquet files (a path, a directory, a glob or a list), read in record batches.
+    """Parquet files (a path, a directory, a glob or a list), read in record batches (the
+    next batch is decoded while this one is reduced).
 
     Every column except ``label_column`` is a feature (or only ``feature_columns``); the
     files are read in sorted path order.
@@ -403,6 +464,8 @@ class ParquetSource(Source):
         self.feature_names = tuple(feats)
         self.n_features = len(feats)
 
+    prefetch = True
+
     def chunks(self):
         import pyarrow.parquet as pq
 
@@ -425,7 +488,8 @@ def _batch_xy(batch, features, label_column):
 
 
 class CSVSource(Source):
-    """A CSV file with a header row, read in blocks with pyarrow's streaming reader.
+    """A CSV file with a header row, read in blocks with pyarrow's streaming reader (the next
+    block is parsed while this one is reduced).
 
     Features are read as float64 and labels as text (matched to the classes by value, so a
     label never changes how the others are typed). Errors are worded as
@@ -454,6 +518,8 @@ class CSVSource(Source):
                 raise ValueError("the CSV files do not all have the same header")
         self.feature_names = tuple(h for h in header if h != label_column)
         self.n_features = len(self.feature_names)
+
+    prefetch = True
 
     def chunks(self):
         import pyarrow as pa
