@@ -145,12 +145,53 @@ def _lookup_codes(y: np.ndarray, classes: np.ndarray) -> np.ndarray | None:
     return codes
 
 
+def typed_classes(classes) -> tuple:
+    """The declared classes as integers when every one reads as an integer (``3``, ``3.0``,
+    ``"3"``, ``" 03"``), else as text: decided by the declaration alone, the same way for
+    arrays, chunked sources and the CLI."""
+    out = []
+    for c in classes:
+        if isinstance(c, (bool, np.bool_)):
+            return tuple(str(c).strip() for c in classes)
+        if isinstance(c, (int, np.integer)):
+            out.append(int(c))
+            continue
+        if isinstance(c, (float, np.floating)) and float(c).is_integer():
+            out.append(int(c))
+            continue
+        try:
+            out.append(int(str(c).strip()))
+        except ValueError:
+            return tuple(str(c).strip() for c in classes)
+    return tuple(out)
+
+
+def _as_declared(y: np.ndarray, classes: tuple) -> np.ndarray:
+    """Numeric labels read as text when the declared classes are text (a whole number as its
+    integer, ``1.0`` as ``"1"``), each label on its own."""
+    if len(classes) and isinstance(classes[0], str) and y.dtype.kind in "iufb":
+        if y.dtype.kind == "f":
+            if not np.all(np.isfinite(y)):
+                raise ValueError("y contains NaN or infinite labels; labels must be class "
+                                 "identifiers")
+            whole = (y == np.round(y)) & (np.abs(y) < 2.0**63)  # int64 holds them
+            return np.where(whole, np.where(whole, y, 0).astype(np.int64).astype(str),
+                            y.astype(str))
+        return y.astype(str)
+    return y
+
+
 def _encode_labels(y, classes) -> tuple[np.ndarray, tuple]:
     y = np.asarray(y)
     if y.ndim == 2 and 1 in y.shape:
         y = y.ravel()
     if y.ndim != 1:
         raise ValueError(f"y must be one-dimensional (one label per row), got shape {y.shape}")
+    if y.dtype.kind == "O":
+        y = y.astype(str)
+    if classes is not None:
+        classes = typed_classes(classes)
+        y = _as_declared(y, classes)
     if y.dtype.kind == "f":
         if not np.all(np.isfinite(y)):
             raise ValueError("y contains NaN or infinite labels; labels must be class identifiers")

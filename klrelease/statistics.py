@@ -60,7 +60,8 @@ def class_blocks(codes: np.ndarray, n_classes: int) -> tuple[np.ndarray, np.ndar
 
 
 def class_statistics(X: np.ndarray, codes: np.ndarray, n_classes: int) -> ClassStatistics:
-    """Counts, means and unbiased covariances (2a)-(2c) of every class.
+    """Counts, means and unbiased covariances (2a)-(2c) of every class (the moments of
+    :func:`klrelease.stream.moments.chunk_moments`, as one chunk).
 
     Parameters
     ----------
@@ -69,21 +70,18 @@ def class_statistics(X: np.ndarray, codes: np.ndarray, n_classes: int) -> ClassS
         Class index of every row, in ``0..n_classes-1``; every class needs >= 2 rows.
     n_classes : int
     """
-    X = np.asarray(X, dtype=np.float64)
-    N, d = X.shape
-    order, bounds = class_blocks(codes, n_classes)
-    counts = np.diff(bounds)
-    means = np.empty((n_classes, d))
-    covs = np.empty((n_classes, d, d))
-    Xs = np.take(X, order, axis=0)
-    for k in range(n_classes):
-        block = Xs[bounds[k] : bounds[k + 1]]
-        mu = block.mean(axis=0)
-        centred = block - mu
-        means[k] = mu
-        covs[k] = centred.T @ centred / (counts[k] - 1)
+    from .stream.moments import chunk_moments
+
+    return _from_moments(chunk_moments(X, codes, n_classes))
+
+
+def _from_moments(m) -> ClassStatistics:
+    """:class:`ClassStatistics` of per-class :class:`~klrelease.stream.ClassMoments`."""
+    counts = np.rint(m.counts).astype(np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):  # classes of < 2 rows: refused
+        covs = m.scatters / (counts - 1.0)[:, None, None]
     covs = 0.5 * (covs + covs.transpose(0, 2, 1))
-    return ClassStatistics(counts=counts.astype(np.int64), means=means, covariances=covs)
+    return ClassStatistics(counts=counts, means=m.means, covariances=covs)
 
 
 #: Rows per block of :func:`affine_rows` (a block of d = 10 features stays in cache).
@@ -143,9 +141,6 @@ def source_statistics(source, domain=None, min_class_size: int | None = None) ->
     """
     from .data import check_class_sizes
 
-    m = source.moments(None if domain is None else _DomainClip(domain))
-    counts = np.rint(m.counts).astype(np.int64)
-    check_class_sizes(counts, source.n_features, min_class_size)
-    covs = m.scatters / (counts - 1.0)[:, None, None]
-    covs = 0.5 * (covs + covs.transpose(0, 2, 1))
-    return ClassStatistics(counts=counts, means=m.means, covariances=covs)
+    stats = _from_moments(source.moments(None if domain is None else _DomainClip(domain)))
+    check_class_sizes(stats.counts, source.n_features, min_class_size)
+    return stats

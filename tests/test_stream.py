@@ -474,3 +474,22 @@ def test_a_bad_value_read_ahead_fails_the_pass_like_a_sequential_read(tmp_path):
     with pytest.raises(ValueError, match="NaN or infinite"):
         src.moments()
     assert not any(t.name == "klrelease-prefetch" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("classes", [["0", "1"], [0.0, 1.0], [0, 1], ["1", "01"], ["a", "b"]])
+@pytest.mark.parametrize("y", [np.array([0, 1] * 20), np.array([0.0, 1.0] * 20),
+                               np.array(["0", "1"] * 20)])
+def test_declared_classes_read_the_same_in_memory_and_streamed(classes, y):
+    """One reading of declared classes for arrays and sources: the same codes or the same
+    refusal."""
+    from klrelease.data import as_labelled_data
+
+    X = np.random.default_rng(0).normal(size=(40, 2))
+    try:
+        mem = as_labelled_data(X, y, classes=classes).codes
+    except ValueError as exc:
+        with pytest.raises(ValueError, match=str(exc)):
+            ArraySource(X, y, classes=classes).moments()
+        return
+    m = ArraySource(X, y, classes=classes).moments()
+    np.testing.assert_array_equal(m.counts, np.bincount(mem, minlength=2))

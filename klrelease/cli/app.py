@@ -175,10 +175,9 @@ def parse_classes(text: str | None):
     items = [c.strip() for c in text.split(",")]
     if not all(items):
         _fail("--classes takes a comma-separated list of class labels, e.g. --classes a,b,c")
-    try:
-        return [int(c) for c in items]
-    except ValueError:
-        return items
+    from ..data import typed_classes
+
+    return list(typed_classes(items))
 
 
 def mechanism_inputs(mechanism, option, lower, upper, norm_bound=None, classes=None):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import inspect
+import typing
 from pathlib import Path
 from typing import Annotated
 
@@ -54,6 +55,7 @@ def parse_params(name: str, fn, items: list[str]) -> dict:
     from ..learners.result import learner_options
 
     known = {k: p for k, p in learner_options(fn).items() if k not in _NOT_PARAMS}
+    hints = typing.get_type_hints(fn)
     out: dict = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -63,20 +65,22 @@ def parse_params(name: str, fn, items: list[str]) -> dict:
         if key not in known:
             raise BadInput(f"learner {name!r} has no option {key!r}; its options: "
                            f"{', '.join(known)}")
-        kind = str(known[key].annotation)
+        # the option's type: its annotation without None (``int | None`` is int)
+        kinds = [t for t in typing.get_args(hints.get(key)) or (hints.get(key),)
+                 if t is not type(None)]
+        kind = kinds[0] if len(kinds) == 1 else float
         try:
-            if "bool" in kind:
+            if kind is bool:
                 if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
                     raise ValueError
                 value = text.lower() in ("true", "1", "yes")
-            elif "int" in kind and "float" not in kind:
-                value = int(text)
-            elif "str" in kind:
-                value = text
+            elif kind in (int, str):
+                value = kind(text)
             else:
                 value = float(text)
         except ValueError:
-            raise BadInput(f"--param {key}: {text!r} is not a valid {kind}") from None
+            raise BadInput(f"--param {key}: {text!r} is not a valid "
+                           f"{getattr(kind, '__name__', kind)}") from None
         out[key] = value
     return out
 
@@ -119,7 +123,12 @@ def learn_command(
         raise BadInput(str(exc)) from None
     check_output(out)  # before the data is read: a result that cannot be written is not run
     X, _ = read_unlabelled_csv(csv_path, columns)
-    if "progress" in inspect.signature(fn).parameters:
+    progress = inspect.signature(fn).parameters.get("progress")
+    if progress is not None and typing.get_type_hints(fn).get("progress") is bool:
+        # the learner draws its own bar over its long steps
+        res = learn(X, components, epsilon=epsilon, delta=delta, learner=learner, seed=seed,
+                    progress=True, **options)
+    elif progress is not None:  # the learner calls back once per step
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         bar = Progress(SpinnerColumn(), TextColumn(f"[bold]{learner}[/] {{task.completed}} "

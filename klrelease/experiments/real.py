@@ -371,8 +371,9 @@ def _run_sweep(ctx: _Ctx, mechs, advance) -> list[dict]:
                         if not ok.size:  # every draw failed
                             status = "FAIL" if failed[0].startswith("MechanismFailed") else "error"
                             row.update(status=status, error=failed[0], plan_seconds=plan_s)
-                        else:  # as the synthetic figures: the draws that returned a model count
-                            row.update(kl_mean=float(ok.mean()),
+                        else:  # as the synthetic figures: the draws that returned a model
+                            # count, and n_draws says how many they are (the mean is over them)
+                            row.update(n_draws=int(ok.size), kl_mean=float(ok.mean()),
                                        kl_std=float(ok.std(ddof=1)) if ok.size > 1 else 0.0,
                                        certified=bool(p.guarantee.certified),
                                        plan_seconds=plan_s,

@@ -146,9 +146,8 @@ def get_learner(name: str) -> Learner:
 
 #: Public parameters in the units of the data: positive and finite when given.
 SCALE_PARAMETERS = ("R", "sigma_min", "sigma_max", "w_mu")
-#: Arguments that ``learn`` passes itself (``seed``: a learner's structural seed is drawn from
-#: the generator ``learn`` makes from its own ``seed``).
-_RUN_ARGUMENTS = ("epsilon", "delta", "rng", "seed")
+#: Arguments that ``learn`` passes itself.
+_RUN_ARGUMENTS = ("epsilon", "delta", "rng")
 
 
 def learner_options(fn: Learner) -> dict[str, inspect.Parameter]:

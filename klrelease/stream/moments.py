@@ -83,38 +83,22 @@ class ClassMoments:
 
 def chunk_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
                   f: RowMap | None = None) -> ClassMoments:
-    """The moments of one chunk, after the row map ``f`` (called on one class block at a
-    time)."""
+    """The moments of one chunk, after the per-row map ``f`` (applied to the whole chunk)."""
     rows = np.asarray(rows, dtype=np.float64)
+    if f is not None:
+        rows = np.asarray(f(rows, codes), dtype=np.float64)
     order, bounds = class_blocks(codes, n_classes)
-    counts = np.diff(bounds).astype(float)
     sorted_rows = np.take(rows, order, axis=0)  # much faster than rows[order]
-    sorted_codes = codes[order]
-    d = rows.shape[1] if f is None else None
-    blocks = []
-    for k in range(n_classes):
-        a, b = bounds[k], bounds[k + 1]
-        if b > a:
-            U = sorted_rows[a:b]
-            if f is not None:
-                U = np.asarray(f(U, sorted_codes[a:b]), dtype=np.float64)
-            blocks.append(U)
-            d = U.shape[1]
-        else:
-            blocks.append(None)
-    if d is None:  # an empty chunk under a map: the map's output width is unknown
-        d = f(rows[:0], codes[:0]).shape[1] if f is not None else rows.shape[1]
+    d = rows.shape[1]
     means = np.zeros((n_classes, d))
     scat = np.zeros((n_classes, d, d))
-    for k, U in enumerate(blocks):
-        if U is None:
-            continue
-        m = column_sums(U) / U.shape[0]
-        C = U - m
-        means[k] = m
-        scat[k] = C.T @ C
-    return ClassMoments(counts, means, scat)
-
+    for k in range(n_classes):
+        U = sorted_rows[bounds[k]:bounds[k + 1]]
+        if U.shape[0]:
+            means[k] = column_sums(U) / U.shape[0]
+            C = U - means[k]
+            scat[k] = C.T @ C
+    return ClassMoments(np.diff(bounds).astype(float), means, scat)
 
 
 def class_sums(U: np.ndarray, codes: np.ndarray, n_classes: int) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import _encode_labels
+from ..data import _encode_labels, typed_classes
 from ..statistics import column_sums
 from .moments import (
     ClassMoments,
@@ -63,34 +63,8 @@ def _features(X) -> np.ndarray:
 
 
 def _labels(y, classes: tuple) -> np.ndarray:
-    """Class codes of raw labels ``y`` against the (already typed) classes."""
-    y = np.asarray(y)
-    if y.dtype.kind == "O":
-        y = y.astype(str)
-    if len(classes) and isinstance(classes[0], str) and y.dtype.kind in "iufb":
-        if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
-            raise ValueError("y contains NaN or infinite labels; labels must be class identifiers")
-        if y.dtype.kind == "f":  # each label on its own: whole numbers read as integers
-            whole = y == np.round(y)
-            y = np.where(whole, np.round(y).astype(np.int64).astype(str), y.astype(str))
-        else:
-            y = y.astype(str)
+    """Class codes of raw labels ``y`` against the declared classes (as arrays are read)."""
     return _encode_labels(y, classes)[0]
-
-
-def typed_classes(classes) -> tuple:
-    """The declared classes as integers when every one reads as an integer, else as text
-    (decided by the declaration alone, as the CLI does)."""
-    out = []
-    for c in classes:
-        if isinstance(c, (int, np.integer)) and not isinstance(c, bool):
-            out.append(int(c))
-            continue
-        try:
-            out.append(int(str(c).strip()))
-        except ValueError:
-            return tuple(str(c).strip() for c in classes)
-    return tuple(out)
 
 
 class Source:

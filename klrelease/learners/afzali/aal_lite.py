@@ -181,7 +181,7 @@ def learn_aal_style(X, n_components: int, *, epsilon: float, delta: float,
                     rng: np.random.Generator, sigma_max: float, w_mu: float | None = None,
                     w_l: float = 0.5, L_F: float = 2.0, Q: int = 4, r_init: int = 10,
                     holdout: float = 0.3, tau_ll: float = 0.05, blocks: int | None = None,
-                    refine: bool = True, seed: int | None = None, accountant: str = "basic",
+                    refine: bool = True, accountant: str = "basic",
                     progress=None) -> LearnResult:
     """Sample-and-aggregate following Afzali et al.'s privacy architecture (no utility claim).
 
@@ -199,7 +199,7 @@ def learn_aal_style(X, n_components: int, *, epsilon: float, delta: float,
     k = int(n_components)
     led, bud = aal_ledger(epsilon, delta, accountant, refine)
     g = guarantee(led, "sample-and-aggregate after Afzali et al. (architecture only)", DOC)
-    master = structure_seed(rng, seed)
+    master = structure_seed(rng)
     struct = structure_rng(master, "public")
     w_mu = 3.0 * sigma_max if w_mu is None else float(w_mu)
     ell0 = math.log(sigma_max)  # the log-scale grid is measured from the public sigma_max

@@ -103,23 +103,41 @@ def terrific_query(X: np.ndarray, radii: np.ndarray, c: float, t: int, *,
     return _terrific_values(cnt[:, :R], cnt[:, R:], n, t)
 
 
-def _lazy_query(X: np.ndarray, radii: np.ndarray, order: np.ndarray, value_all, value_one,
-                progress: bool, label: str):
-    """``j -> value at radii[order[j]]``: all radii at once on the chunked path, one radius
-    at a time (only those AboveThreshold asks for) on the KD-tree path."""
+def radius_slack(epsilon: float, n_radii: int, beta: float) -> float:
+    """``Gamma = 16 / eps (ln |radii| + ln(2 / beta))``: the AboveThreshold slack of a radius
+    search over ``n_radii`` grid radii (public)."""
+    return 16.0 / epsilon * (math.log(n_radii) + math.log(2.0 / beta))
+
+
+def _halting_radius(X: np.ndarray, radii: np.ndarray, order: np.ndarray, value_all, value_one,
+                    t: int, epsilon: float, beta: float, rng: np.random.Generator,
+                    progress: bool, label: str) -> float | None:
+    """AboveThreshold (threshold ``t - Gamma``, sensitivity 2) over ``radii`` in ``order``:
+    the first radius whose value passes, or ``None``. Values are computed lazily
+    (:func:`klrelease.privacy.toolbox.above_threshold_lazy`): all radii at once on the chunked
+    path, one radius at a time (only those AboveThreshold asks for) on the KD-tree path."""
+    gamma = radius_slack(epsilon, len(radii), beta)
+    bar = None
     if len(X) == 0 or not use_tree(X.shape[1]):
         values = value_all() if len(X) else np.zeros(len(radii))
-        return lambda j: values[order[j]], None
-    count = radius_counter(X, X)
-    bar = _bar(progress, label, len(radii))
 
-    def query(j):
-        v = value_one(count, float(radii[order[j]]))
+        def query(j):
+            return values[order[j]]
+    else:
+        count = radius_counter(X, X)
+        bar = _bar(progress, label, len(radii))
+
+        def query(j):
+            v = value_one(count, float(radii[order[j]]))
+            if bar is not None:
+                bar[0].update(bar[1], advance=1)
+            return v
+    try:
+        i = above_threshold_lazy(query, len(radii), t - gamma, 2.0, epsilon, rng)
+    finally:
         if bar is not None:
-            bar[0].update(bar[1], advance=1)
-        return v
-
-    return query, bar
+            bar[0].stop()
+    return None if i is None else float(radii[order[i]])
 
 
 def terrific_radius(X: np.ndarray, t: int, c: float, largest: bool, epsilon: float,
@@ -131,19 +149,12 @@ def terrific_radius(X: np.ndarray, t: int, c: float, largest: bool, epsilon: flo
     the same mechanism, without the work on radii after the halting one.
     """
     radii = radius_grid(lower, upper)
-    gamma = 16.0 / epsilon * (math.log(len(radii)) + math.log(2.0 / beta))
     order = np.arange(len(radii))[::-1] if largest else np.arange(len(radii))
     n = len(X)
-    query, bar = _lazy_query(
+    return _halting_radius(
         X, radii, order, lambda: terrific_query(X, radii, c, t, progress=progress),
         lambda count, r: float(_terrific_values(count(r), count(c * r), n, t)[0]),
-        progress, "terrific radius")
-    try:
-        i = above_threshold_lazy(query, len(radii), t - gamma, 2.0, epsilon, rng)
-    finally:
-        if bar is not None:
-            bar[0].stop()
-    return None if i is None else float(radii[order[i]])
+        t, epsilon, beta, rng, progress, "terrific radius")
 
 
 def good_radius_lite(X: np.ndarray, t: int, epsilon: float, upper: float, lower: float,
@@ -156,21 +167,12 @@ def good_radius_lite(X: np.ndarray, t: int, epsilon: float, upper: float, lower:
     Section 5.1).
     """
     radii = radius_grid(lower, upper)
-    gamma = 16.0 / epsilon * (math.log(len(radii)) + math.log(2.0 / beta))
-    order = np.arange(len(radii))
-    query, bar = _lazy_query(
-        X, radii, order,
+    return _halting_radius(
+        X, radii, np.arange(len(radii)),
         lambda: capped_top_mean(np.minimum(
-            ball_counts(X, X, radii, progress=progress, label="good radius"), t), t)
-        if len(X) else np.zeros(len(radii)),
+            ball_counts(X, X, radii, progress=progress, label="good radius"), t), t),
         lambda count, r: float(capped_top_mean(np.minimum(count(r), t)[:, None], t)[0]),
-        progress, "good radius")
-    try:
-        i = above_threshold_lazy(query, len(radii), t - gamma, 2.0, epsilon, rng)
-    finally:
-        if bar is not None:
-            bar[0].stop()
-    return None if i is None else float(radii[i])
+        t, epsilon, beta, rng, progress, "good radius")
 
 
 def _rotation(m: int, rng: np.random.Generator) -> np.ndarray:

@@ -53,10 +53,9 @@ def success(learner: str, g: Guarantee, weights, means, covariances,
     return LearnResult(learner=learner, gmm=gmm, guarantee=g, diagnostics=diagnostics)
 
 
-def structure_seed(rng: np.random.Generator, seed: int | None) -> int:
-    """Master seed of the structural randomness: drawn before any data is read."""
-    if seed is not None:
-        return int(seed)
+def structure_seed(rng: np.random.Generator) -> int:
+    """Master seed of the structural randomness: drawn from the run's generator before any
+    data is read."""
     return int(rng.integers(0, 2**63 - 1))
 
 

@@ -106,7 +106,7 @@ def _score(built: tuple) -> float:
 def learn_pegme(X, n_components: int, *, epsilon: float, delta: float,
                 rng: np.random.Generator, sigma_min: float, kappa: float = 4.0,
                 beta: float = 0.05, inflate: float = 4.0 * math.sqrt(3.0),
-                seed: int | None = None, accountant: str = "basic",
+                accountant: str = "basic",
                 progress: bool = False) -> LearnResult:
     """Kamath et al. warm-up PEGME (spherical components of equal weight).
 
@@ -122,7 +122,7 @@ def learn_pegme(X, n_components: int, *, epsilon: float, delta: float,
     k = int(n_components)
     led, bud = pegme_ledger(k, epsilon, delta, accountant)
     g = guarantee(led, "Kamath et al. PEGME warm-up (practical)", DOC)
-    master = structure_seed(rng, seed)
+    master = structure_seed(rng)
     struct = structure_rng(master, "split")
     ell = min(d, k)
     lam = 2.0 * k * math.sqrt(d) * kappa * sigma_min

@@ -27,7 +27,15 @@ import numpy as np
 from ...privacy.ledger import ZCDP_DELTA_SHARE, Ledger, Spend, choose_accountant, zcdp_rho
 from ...privacy.toolbox import laplace_count, stable_histogram_threshold
 from ..result import LearnResult, register_learner
-from .blocks import Ball, bounding_ball_lite, pge_lite, private_pca, pterrific_ball, within
+from .blocks import (
+    Ball,
+    bounding_ball_lite,
+    pge_lite,
+    private_pca,
+    pterrific_ball,
+    radius_slack,
+    within,
+)
 from .common import fail, guarantee, structure_rng, structure_seed, success
 
 __all__ = ["NAME", "pgme_ledger", "node_budget", "learn_pgme"]
@@ -152,8 +160,7 @@ def _budget_piece(b: dict, prefix: str) -> dict:
 def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
                rng: np.random.Generator, R: float, sigma_min: float,
                sigma_max: float, w_min: float | None = None, beta: float = 0.05,
-               c: float = 5.0, mult: float = 3.0, seed: int | None = None,
-               accountant: str = "basic", progress: bool = False) -> LearnResult:
+               c: float = 5.0, mult: float = 3.0, accountant: str = "basic", progress: bool = False) -> LearnResult:
     """Kamath et al. PGME with the practical replacements of ``KAMATH.md`` section 2.3.
 
     Parameters (all public)
@@ -167,8 +174,6 @@ def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
     w_min : lower bound on the mixing weights (default ``1/(2k)``).
     beta : failure probability (thresholds only).
     c : terrific-ball factor; mult : bounding-ball multiplier ([PRACTICAL] 3, paper 12).
-    seed : seed of the structural randomness (grid shifts, rotations); drawn from ``rng``
-        before the data is read when omitted.
     accountant : ``basic`` (default), ``zcdp`` or ``auto`` (chosen from public inputs before
         the data is read; recorded in the ledger and the privacy block).
     """
@@ -178,7 +183,7 @@ def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
     w_min = 1.0 / (2 * k) if w_min is None else float(w_min)
     ledger, bud = pgme_ledger(k, d, epsilon, delta, accountant)
     g = guarantee(ledger, "Kamath et al. PGME (practical)", DOC)
-    master = structure_seed(rng, seed)
+    master = structure_seed(rng)
     lam = R + sigma_max * (math.sqrt(d) + math.sqrt(2.0 * math.log(n / beta)))
     t = max(1, int(n * w_min / 2))
     diag: dict = {"ledger": ledger.to_dict(), "n": n, "d": d, "k": k, "t": t,
@@ -188,7 +193,7 @@ def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
         # threshold is vacuous even on the shortest grid, and a heavy cell can never reach the
         # stable-histogram threshold when it exceeds n; the run then cannot split.
         b0 = node_budget(bud["node"], k < d)
-        gamma_min = 16.0 / b0["s3_radius"][0] * math.log(2.0 / beta)
+        gamma_min = radius_slack(b0["s3_radius"][0], 1, beta)  # the shortest grid
         tau_h = stable_histogram_threshold(*b0["s3_hist"])
         diag["preflight"] = {"gamma_min": gamma_min, "stable_hist_threshold": tau_h}
         if t <= gamma_min or tau_h >= n:
@@ -251,8 +256,8 @@ def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
                                     zcdp=bud["leaf"].zcdp)
             est.append((cnt, mu, Sig))
     except np.linalg.LinAlgError:
-        # LAPACK's eigensolver not converging on a finite symmetric matrix: outside the proof
-        # (KAMATH.md); any other exception is a defect and raises
+        # LAPACK's eigensolver not converging on a released matrix: post-processing of released
+        # values (KAMATH.md); any other exception is a defect and raises
         return fail(NAME, g, "numerics", "a numerical step failed; no output is released",
                     {"ledger": ledger.to_dict(), "n": n, "d": d, "k": k})
     counts = [float(e[0]) for e in est]

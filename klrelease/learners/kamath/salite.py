@@ -32,7 +32,7 @@ from ...privacy.toolbox import (
     stable_select_threshold,
 )
 from ..result import LearnResult, register_learner
-from .blocks import _rotation, radius_grid
+from .blocks import _rotation, radius_grid, radius_slack
 from .common import fail, guarantee, structure_rng, structure_seed, success
 from .radius import counts_within
 
@@ -167,7 +167,7 @@ def learn_salite(X, n_components: int, *, epsilon: float, delta: float,
                  rng: np.random.Generator, R: float, sigma_min: float,
                  sigma_max: float, alpha: float = 0.1, beta: float = 0.05,
                  block_size: int | None = None, agree: float = 0.8, n_init: int = 3,
-                 seed: int | None = None, accountant: str = "basic", progress=None) -> LearnResult:
+                 accountant: str = "basic", progress=None) -> LearnResult:
     """Kamath et al. sample-and-aggregate, practical (SA-lite).
 
     Public parameters: ``R`` bound on the mean norms (block means are clipped to it),
@@ -183,7 +183,7 @@ def learn_salite(X, n_components: int, *, epsilon: float, delta: float,
     k = int(n_components)
     led, b = salite_ledger(k, epsilon, delta, accountant)
     g = guarantee(led, "Kamath et al. sample-and-aggregate (SA-lite, practical)", DOC)
-    master = structure_seed(rng, seed)
+    master = structure_seed(rng)
     n_b = int(block_size) if block_size else max(30, 10 * k * (d + 1))
     m = n // n_b
     diag: dict = {"ledger": led.to_dict(), "n": n, "d": d, "k": k, "blocks": m,
@@ -193,7 +193,7 @@ def learn_salite(X, n_components: int, *, epsilon: float, delta: float,
                     diag)
     t = math.ceil(agree * m)
     radii = radius_grid(sigma_min / 100.0, 2.0 * R)
-    gamma = 16.0 / b["radius"] * (math.log(len(radii)) + math.log(2.0 / beta))
+    gamma = radius_slack(b["radius"], len(radii), beta)
     tau_s = stable_select_threshold(b["select_a"], b["select_b"], b["delta_tv"], k)
     diag["preflight"] = {"radius_threshold": t - gamma, "select_threshold": tau_s}
     if t <= gamma or tau_s >= m:
