@@ -160,7 +160,8 @@ def _budget_piece(b: dict, prefix: str) -> dict:
 def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
                rng: np.random.Generator, R: float, sigma_min: float,
                sigma_max: float, w_min: float | None = None, beta: float = 0.05,
-               c: float = 5.0, mult: float = 3.0, accountant: str = "basic", progress: bool = False) -> LearnResult:
+               c: float = 5.0, mult: float = 3.0, accountant: str = "basic",
+               progress: bool = False) -> LearnResult:
     """Kamath et al. PGME with the practical replacements of ``KAMATH.md`` section 2.3.
 
     Parameters (all public)
