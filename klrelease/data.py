@@ -146,24 +146,20 @@ def _lookup_codes(y: np.ndarray, classes: np.ndarray) -> np.ndarray | None:
 
 
 def typed_classes(classes) -> tuple:
-    """The declared classes as integers when every one reads as an integer (``3``, ``3.0``,
-    ``"3"``, ``" 03"``), else as text: decided by the declaration alone, the same way for
-    arrays, chunked sources and the CLI."""
-    out = []
-    for c in classes:
-        if isinstance(c, (bool, np.bool_)):
-            return tuple(str(c).strip() for c in classes)
-        if isinstance(c, (int, np.integer)):
-            out.append(int(c))
-            continue
-        if isinstance(c, (float, np.floating)) and float(c).is_integer():
-            out.append(int(c))
-            continue
-        try:
-            out.append(int(str(c).strip()))
-        except ValueError:
-            return tuple(str(c).strip() for c in classes)
-    return tuple(out)
+    """The declared classes, typed by the declaration alone, the same way for arrays, chunked
+    sources and the CLI: integers when every one reads as an integer (``3``, ``3.0``, ``"3"``,
+    ``" 03"``); numbers when every one is a number (``0.5``); else text."""
+    classes = list(classes)
+    numbers = all(isinstance(c, (int, float, np.integer, np.floating))
+                  and not isinstance(c, (bool, np.bool_)) for c in classes)
+    if numbers:
+        if all(float(c).is_integer() for c in classes):
+            return tuple(int(c) for c in classes)
+        return tuple(float(c) for c in classes)
+    try:
+        return tuple(int(str(c).strip()) for c in classes)
+    except ValueError:
+        return tuple(str(c).strip() for c in classes)
 
 
 def _as_declared(y: np.ndarray, classes: tuple) -> np.ndarray:

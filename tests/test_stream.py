@@ -402,18 +402,20 @@ def test_text_labels_read_the_same_in_memory_and_streamed(tmp_path):
         klrelease.release(ArraySource(X, bad, chunk_rows=100), None, **kw)
 
 
-def test_a_defect_after_noise_is_not_hidden_by_the_stage_a_fallback(monkeypatch):
+@pytest.mark.parametrize("defect", [TypeError, np.linalg.LinAlgError])
+def test_a_defect_after_noise_is_not_hidden_by_the_stage_a_fallback(monkeypatch, defect):
     """Only a source that cannot be read falls back (the test above); a defect after noise,
-    here a TypeError, raises instead of hiding behind a cruder model."""
+    here a TypeError or a numerical error (a ValueError), raises instead of hiding behind a
+    cruder model."""
     from klrelease.mechanisms.kl_certified import mechanism as m
 
     X, y = _data(n=2000)
 
     def broken(self, fn, d):
-        raise TypeError("a defect")
+        raise defect("a defect")
 
     monkeypatch.setattr(m._StreamRows, "stats", broken)
-    with warnings.catch_warnings(), pytest.raises(TypeError):
+    with warnings.catch_warnings(), pytest.raises(defect):
         warnings.simplefilter("ignore")
         klrelease.release(ArraySource(X, y, classes=CLASSES), None, epsilon=1.0, delta=1e-6,
                           seed=2)
@@ -476,7 +478,8 @@ def test_a_bad_value_read_ahead_fails_the_pass_like_a_sequential_read(tmp_path):
     assert not any(t.name == "klrelease-prefetch" for t in threading.enumerate())
 
 
-@pytest.mark.parametrize("classes", [["0", "1"], [0.0, 1.0], [0, 1], ["1", "01"], ["a", "b"]])
+@pytest.mark.parametrize("classes", [["0", "1"], [0.0, 1.0], [0, 1], ["1", "01"], ["a", "b"],
+                                     [1.0, 0.0, 0.5]])
 @pytest.mark.parametrize("y", [np.array([0, 1] * 20), np.array([0.0, 1.0] * 20),
                                np.array(["0", "1"] * 20)])
 def test_declared_classes_read_the_same_in_memory_and_streamed(classes, y):
@@ -486,10 +489,10 @@ def test_declared_classes_read_the_same_in_memory_and_streamed(classes, y):
 
     X = np.random.default_rng(0).normal(size=(40, 2))
     try:
-        mem = as_labelled_data(X, y, classes=classes).codes
+        mem = as_labelled_data(X, y, classes=classes, min_class_size=0).codes
     except ValueError as exc:
         with pytest.raises(ValueError, match=str(exc)):
             ArraySource(X, y, classes=classes).moments()
         return
     m = ArraySource(X, y, classes=classes).moments()
-    np.testing.assert_array_equal(m.counts, np.bincount(mem, minlength=2))
+    np.testing.assert_array_equal(m.counts, np.bincount(mem, minlength=len(classes)))

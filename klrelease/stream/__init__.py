@@ -35,6 +35,7 @@ from .sources import (
     DaskSource,
     ParquetSource,
     Source,
+    SourceReadError,
     as_source,
     is_dask_collection,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "RowSample",
     "sample_rows",
     "Source",
+    "SourceReadError",
     "ArraySource",
     "ParquetSource",
     "CSVSource",

@@ -7,8 +7,9 @@ rounding of the merged statistics (merges are exact in real arithmetic), never w
 read or what is released.
 
 Every chunk is validated as it is read (finite features, labels among the classes); a failure
-raises one :class:`ValueError` whose message names the rule, never a value, a row, a chunk or
-a partition, so the release fails the same way wherever the bad row sits.
+raises one :class:`SourceReadError` (a :class:`ValueError`) whose message names the rule,
+never a value, a row, a chunk or a partition, so the release fails the same way wherever the
+bad row sits.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .sample import RowSample
 
 __all__ = [
     "Source",
+    "SourceReadError",
     "ArraySource",
     "ParquetSource",
     "CSVSource",
@@ -48,6 +50,16 @@ __all__ = [
 DEFAULT_CHUNK_ROWS = 1 << 18
 
 NONFINITE = "X contains NaN or infinite values"
+
+
+class SourceReadError(ValueError):
+    """A chunk could not be read or does not validate (I/O, a file that changed, a bad value:
+    the message names the rule, never a value). The only error a release treats as the source
+    failing: any other error in a pass is a defect and raises."""
+
+
+def _read_error(exc: BaseException) -> SourceReadError:
+    return exc if isinstance(exc, SourceReadError) else SourceReadError(str(exc))
 
 
 def _features(X) -> np.ndarray:
@@ -105,10 +117,16 @@ class Source:
         from .._threads import single_threaded_blas
 
         acc, offset = initial, 0
-        chunks = _prefetched(self.chunks()) if self.prefetch else self.chunks()
+        chunks = _prefetched(self.chunks()) if self.prefetch else iter(self.chunks())
         try:
             with single_threaded_blas():  # small products per chunk: threads only synchronise
-                for X, y in chunks:
+                while True:
+                    try:
+                        X, y = next(chunks)
+                    except StopIteration:
+                        break
+                    except (OSError, EOFError, ValueError) as exc:  # reading, not computing
+                        raise _read_error(exc) from exc
                     acc = merge(acc, fn(X, y, offset) if indexed else fn(X, y))
                     offset += len(y)
         finally:  # a pass that stops early stops the reader (and its thread) now
@@ -241,15 +259,19 @@ def _prefetched(chunks: Iterator, depth: int = 2) -> Iterator:
 
 def _chunk(X, y, d: int, classes: tuple | None) -> tuple[np.ndarray, np.ndarray | None]:
     """A validated chunk: float64 features of width ``d`` and (unless ``classes`` is None)
-    labels as class codes. Messages name the rule, never a value."""
-    X = _features(X)
-    if X.shape[1] != d:
-        raise ValueError("every chunk must have the same number of feature columns")
-    if classes is None:
-        return X, None
-    if len(y) != X.shape[0]:
-        raise ValueError("X and y must have the same number of rows")
-    return X, _labels(y, classes)
+    labels as class codes. Messages name the rule, never a value; a chunk that does not
+    validate raises :class:`SourceReadError`."""
+    try:
+        X = _features(X)
+        if X.shape[1] != d:
+            raise ValueError("every chunk must have the same number of feature columns")
+        if classes is None:
+            return X, None
+        if len(y) != X.shape[0]:
+            raise ValueError("X and y must have the same number of rows")
+        return X, _labels(y, classes)
+    except ValueError as exc:
+        raise _read_error(exc) from None
 
 
 @dataclass(frozen=True)
@@ -544,7 +566,7 @@ def _frame_part(fn, df, features, label_column, offset=None):
     try:
         X = df[list(features)].to_numpy(dtype=np.float64)
     except (TypeError, ValueError):  # pandas' message quotes the value
-        raise ValueError("every feature must be numeric") from None
+        raise SourceReadError("every feature must be numeric") from None
     y = df[label_column].to_numpy()
     return fn(X, y) if offset is None else fn(X, y, offset)
 
@@ -634,10 +656,13 @@ class DaskSource(Source):
         while len(parts) > 1:
             parts = [task(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
                      for i in range(0, len(parts), 2)]
-        if self.client is not None:
-            result = self.client.compute(parts[0]).result()
-        else:
-            (result,) = dask.compute(parts[0])
+        try:
+            if self.client is not None:
+                result = self.client.compute(parts[0]).result()
+            else:
+                (result,) = dask.compute(parts[0])
+        except (OSError, EOFError) as exc:  # a partition that cannot be read
+            raise _read_error(exc) from exc
         return merge(initial, result)
 
 

@@ -307,11 +307,14 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
 
 
 def _source_errors() -> tuple[type[BaseException], ...]:
-    """What a chunked source raises when it cannot be read (validation raises ValueError;
-    a Dask cluster that lost its workers, KilledWorker)."""
+    """What a chunked source raises when it cannot be read: :class:`SourceReadError` (I/O, a
+    chunk that no longer validates) and, on a Dask cluster that lost its workers,
+    KilledWorker. Nothing else: a numerical error in a pass is a defect and raises."""
     import sys
 
-    errors: list[type[BaseException]] = [OSError, EOFError, ValueError]
+    from ...stream.sources import SourceReadError
+
+    errors: list[type[BaseException]] = [SourceReadError]
     if "distributed" in sys.modules:
         errors.append(sys.modules["distributed"].KilledWorker)
     return tuple(errors)
