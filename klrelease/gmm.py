@@ -176,10 +176,23 @@ class GMM:
                                                  size=counts[k], method="cholesky")
         return X, self._labels_of(comp)
 
+    def _component_log_prob(self, X: np.ndarray) -> np.ndarray:
+        """log w_k + log N(x; mu_k, Sigma_k) of validated rows, shape (n, K), by a Cholesky
+        factor of every covariance (any positive definite covariance, whatever the units of
+        the features; scipy's ``multivariate_normal`` refuses condition numbers above ~1e9)."""
+        from scipy.linalg import solve_triangular
+
+        d = self.n_features
+        out = np.empty((X.shape[0], self.n_components))
+        for k in range(self.n_components):
+            L = np.linalg.cholesky(self.covariances[k])
+            z = solve_triangular(L, (X - self.means[k]).T, lower=True)
+            logdet = 2.0 * np.sum(np.log(np.diag(L)))
+            out[:, k] = -0.5 * (np.sum(z * z, axis=0) + logdet + d * np.log(2 * np.pi))
+        return out + np.log(np.maximum(self.weights, 1e-300))
+
     def _joint_log_prob(self, X) -> np.ndarray:
         """log w_k + log N(x; mu_k, Sigma_k), shape (n, K)."""
-        from scipy.stats import multivariate_normal
-
         try:
             X = np.asarray(X, dtype=float)
         except (TypeError, ValueError):
@@ -190,10 +203,7 @@ class GMM:
             raise ValueError(f"X must have shape (n, {self.n_features}), got {X.shape}")
         if not np.all(np.isfinite(X)):
             raise ValueError("X contains NaN or infinite values")
-        return np.stack([
-            multivariate_normal(self.means[k], self.covariances[k]).logpdf(X).reshape(-1)
-            for k in range(self.n_components)
-        ], axis=1) + np.log(np.maximum(self.weights, 1e-300))
+        return self._component_log_prob(X)
 
     def predict_proba(self, X) -> np.ndarray:
         """Posterior class probabilities p(y = k | x), shape (n, K), columns in ``classes`` order.
@@ -210,13 +220,7 @@ class GMM:
 
     def log_prob(self, X: np.ndarray, y=None) -> np.ndarray:
         """log p(x) (marginal) or, with labels ``y``, the joint log p(x, y)."""
-        from scipy.stats import multivariate_normal
-
-        X = np.atleast_2d(np.asarray(X, dtype=float))
-        comp_lp = np.stack([
-            multivariate_normal(self.means[k], self.covariances[k]).logpdf(X).reshape(-1)
-            for k in range(self.n_components)
-        ], axis=1) + np.log(np.maximum(self.weights, 1e-300))
+        comp_lp = self._component_log_prob(np.atleast_2d(np.asarray(X, dtype=float)))
         if y is None:
             from scipy.special import logsumexp
             return logsumexp(comp_lp, axis=1)

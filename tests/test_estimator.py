@@ -75,3 +75,23 @@ def test_estimator_respects_the_accountant(iris):
         GMMReleaser(0.2, mechanism="gaussian-iid", bounds=iris.bounds, accountant=acc).fit(
             iris.X, iris.codes)
     assert len(acc.spent) == 1
+
+
+def test_predictions_keep_their_quality_when_features_have_very_different_units():
+    """Features in units 1e3, 1 and 1e-3 apart (covariances of condition number ~1e12): the
+    released model predicts as it does in common units."""
+    import warnings
+
+    import klrelease as kr
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 600)
+    X = rng.normal(size=(600, 3)) + 3.0 * y[:, None]
+    units = np.array([1e3, 1.0, 1e-3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = kr.release(X, y, classes=[0, 1, 2], epsilon=1, delta=1e-6, seed=1).gmm
+        b = kr.release(X * units, y, classes=[0, 1, 2], epsilon=1, delta=1e-6, seed=1).gmm
+    np.testing.assert_array_equal(a.predict(X), b.predict(X * units))
+    np.testing.assert_allclose(a.predict_proba(X), b.predict_proba(X * units), atol=1e-6)
+    assert np.mean(b.predict(X * units) == y) > 0.8

@@ -292,3 +292,25 @@ def test_acceptance_never_depends_on_which_declared_class_a_row_has(tmp_path, ca
     for y in ([0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.5]):  # float classes, library
         p = kr.plan(X, np.array(y), epsilon=1, delta=1e-5, classes=[0.0, 0.5, 1.0])
         assert p.guarantee.certified
+
+
+def test_degenerate_public_inputs_release_after_noise_without_error():
+    """Fewer rows than half the declared classes, and features that are all constant: the
+    release completes (nothing raises after noise is drawn; the budget is spent once)."""
+    import warnings
+
+    from klrelease.privacy.guarantee import BudgetAccountant
+
+    rng = np.random.default_rng(0)
+    cases = [(rng.normal(size=(2, 3)), np.array([0, 1]), [0, 1, 2, 3]),
+             (np.ones((300, 4)), rng.integers(0, 3, 300), [0, 1, 2]),
+             (np.zeros((300, 2)), rng.integers(0, 3, 300), [0, 1, 2])]
+    for X, y, classes in cases:
+        acc = BudgetAccountant(10.0, 1e-3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r = kr.release(X, y, classes=classes, epsilon=1, delta=1e-6, accountant=acc)
+        assert r.gmm.n_components == len(classes)
+        assert np.all(r.gmm.weights > 0) and abs(r.gmm.weights.sum() - 1) < 1e-12
+        np.linalg.cholesky(r.gmm.covariances)
+        assert len(acc.spent) == 1

@@ -496,3 +496,23 @@ def test_declared_classes_read_the_same_in_memory_and_streamed(classes, y):
         return
     m = ArraySource(X, y, classes=classes).moments()
     np.testing.assert_array_equal(m.counts, np.bincount(mem, minlength=len(classes)))
+
+
+def test_the_fused_stage_c_map_equals_the_framed_one():
+    """Streamed stage C maps raw rows in one product; it is the in-memory map of framed rows
+    (the one the neighbour tests check), up to rounding."""
+    from klrelease.mechanisms.kl_certified.mechanism import (
+        _FusedRegionClip,
+        _RegionClip,
+        whitening_frame,
+    )
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_t(3, size=(500, 4)) * [1e3, 1.0, 1e-3, 5.0] + [1e4, 0.0, 2.0, -7.0]
+    f = whitening_frame(X.mean(axis=0), np.cov(X.T))
+    c, W = rng.normal(size=(2, 4)), rng.normal(size=(2, 4, 4))
+    framed = _RegionClip(c, W, 2.5)
+    fused = _FusedRegionClip(f.centre + c @ f.W_inv, f.W @ W, 2.5)
+    for k in range(2):
+        np.testing.assert_allclose(fused(X, k), framed(f.to_frame(X), k), rtol=1e-8,
+                                   atol=1e-8)

@@ -438,6 +438,14 @@ def _combine(m1, C1, m2, C2):
     return m, 0.5 * (C + np.swapaxes(C, -1, -2))
 
 
+def released_weights(counts, N: int, K: int) -> np.ndarray:
+    """Mixture weights from released counts: projected onto the simplex with every weight at
+    least ``1 / (2 max(N, K))`` (a public floor below ``1 / K``, so the projection exists for
+    every N and K)."""
+    counts = np.nan_to_num(np.asarray(counts, dtype=float))
+    return project_simplex(counts / N, floor=0.5 / max(N, K))
+
+
 def estimate(pub: PublicInputs, output: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Weights, means and covariances (raw units) from the released values (post-processing).
 
@@ -475,7 +483,7 @@ def estimate(pub: PublicInputs, output: dict) -> tuple[np.ndarray, np.ndarray, n
         floor = pub.settings["class_floor"] * (tmin if np.isfinite(tmin) and tmin > 0 else 1.0)
         Ck = eig_apply(Ck, lambda w, f=floor: np.maximum(w, f))
         covs[k] = reg.W_inv[k] @ Ck @ reg.W_inv[k]
-    weights = project_simplex(np.asarray(output["counts"], dtype=float) / N, floor=0.5 / N)
+    weights = released_weights(output["counts"], N, K)
     fr = pub.frame
     raw_means = fr.mean_to_raw(means)
     raw_covs = fr.cov_to_raw(covs)

@@ -46,9 +46,11 @@ from .design import (
     Budget,
     Frame,
     PublicInputs,
+    centres,
     estimate,
     gaussian_logpdf,
     region_radius,
+    released_weights,
     stage_c_design,
     symmetric_gaussian,
     symmetric_gaussian_logpdf,
@@ -81,11 +83,15 @@ def whitening_frame(centre: np.ndarray, C: np.ndarray) -> Frame:
 
     Standardise each feature, then whiten the correlations (eigenvalues floored at 1e-12 of
     the largest): a change of units of a feature leaves the frame's rows unchanged, any affine
-    map rotates them.
+    map rotates them. A constant feature has no spread to standardise by: its scale is 1e-12
+    of the largest spread, or, when every feature is constant, its own magnitude (1 at 0).
     """
     sd = np.sqrt(np.maximum(np.diag(C), 0.0))
-    top = sd.max() if np.isfinite(sd.max()) and sd.max() > 0 else 1.0
-    sd = np.maximum(sd, 1e-12 * top)
+    if np.isfinite(sd.max()) and sd.max() > 0:
+        sd = np.maximum(sd, 1e-12 * sd.max())
+    else:  # every feature constant (public under label flip)
+        mag = np.abs(np.asarray(centre, dtype=float))
+        sd = np.where(np.isfinite(mag) & (mag > 0), mag, 1.0)
     Rc = C / np.outer(sd, sd)
     w, V = np.linalg.eigh(0.5 * (Rc + Rc.T))
     w = np.maximum(w, 1e-12 * max(w.max(), 1e-300))
@@ -371,8 +377,6 @@ class KLCertifiedPlan(Plan):
         }
         stage_a = {"counts": out["counts"], "sums": out["sums"]}
         if not pub.label_flip:
-            from .design import centres
-
             m1 = centres(pub, out["counts"], out["sums"])[1]
             S_B = self._read(self._stage_b, m1)
             if S_B is None:
@@ -399,8 +403,6 @@ class KLCertifiedPlan(Plan):
         lm = gaussian_logpdf(sums - self.sums, pub.sums_sd)
         lc = 0.0
         if not pub.label_flip:
-            from .design import centres
-
             m1 = centres(pub, counts, sums)[1]
             E = np.asarray(output["scatter"], dtype=float) - self._stage_b(m1)
             lc += float(symmetric_gaussian_logpdf(E, pub.scatter_sd))
@@ -422,9 +424,11 @@ class KLCertifiedPlan(Plan):
         if "class_sums" not in output:  # the source failed after stage A (see sample)
             self.fallbacks += 1
             return _fallback_gmm(self.public, output, self.classes)
+        from ...artifact import _check_gmm
+
         try:
             w, m, c = estimate(self.public, output)
-            return GMM(w, m, c, self.classes)
+            return _check_gmm(GMM(w, m, c, self.classes))  # what the artifact will require
         except (ValueError, np.linalg.LinAlgError, FloatingPointError):
             # Never fail after noise was drawn: a cruder post-processing of the same released
             # values (stage-A centres, the frame's unit covariance) keeps the release valid.
@@ -433,15 +437,12 @@ class KLCertifiedPlan(Plan):
 
 
 def _fallback_gmm(pub: PublicInputs, output: dict, classes) -> GMM:
-    from ...privacy.projections import project_simplex
-    from .design import centres
-
     N, K, d = pub.n_samples, pub.n_classes, pub.n_features
     counts = np.nan_to_num(np.asarray(output["counts"], dtype=float))
     sums = np.nan_to_num(np.asarray(output["sums"], dtype=float))
     _, m1, _ = centres(pub, counts, sums)
     m1 = clip_to_norm(np.nan_to_num(m1), pub.radius)
-    w = project_simplex(counts / N, floor=0.5 / N)
+    w = released_weights(counts, N, K)
     covs = np.broadcast_to(pub.frame.cov_to_raw(np.eye(d)), (K, d, d)).copy()
     return GMM(w, pub.frame.mean_to_raw(m1), covs, classes)
 
