@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -35,7 +36,7 @@ def _data(n=3000, d=3, K=3, seed=0, offset=0.0):
 def _merge_chunks(X, codes, K, cuts, f=None):
     parts = [chunk_moments(X[a:b], codes[a:b], K, f) for a, b in zip(cuts[:-1], cuts[1:],
                                                                      strict=True)]
-    return ClassMoments.merge_all(parts, K, X.shape[1] if f is None else parts[0].means.shape[1])
+    return functools.reduce(ClassMoments.merge, parts)
 
 
 @settings(max_examples=40, deadline=None)
@@ -56,7 +57,8 @@ def test_streamed_moments_equal_in_memory(n, K, d, seed, n_cuts, sort):
             np.testing.assert_allclose(m.means[k], rows.mean(axis=0), rtol=1e-10, atol=1e-10)
             C = rows - rows.mean(axis=0)
             np.testing.assert_allclose(m.scatters[k], C.T @ C, rtol=1e-9, atol=1e-9)
-            np.testing.assert_allclose(m.second_moments[k], rows.T @ rows, rtol=1e-9,
+            second = m.scatters[k] + m.counts[k] * np.outer(m.means[k], m.means[k])
+            np.testing.assert_allclose(second, rows.T @ rows, rtol=1e-9,
                                        atol=1e-9)
         else:
             assert np.all(m.means[k] == 0) and np.all(m.scatters[k] == 0)
@@ -109,7 +111,7 @@ def test_accuracy_at_large_n_with_a_common_offset():
     block = rng.normal(size=(100_000, d))
     codes = rng.integers(0, K, 100_000)
     base = chunk_moments(block + offset, codes, K)
-    acc = ClassMoments.zeros(K, d)
+    acc = ClassMoments(np.zeros(K), np.zeros((K, d)), np.zeros((K, d, d)))
     for i in range(1000):  # each partial shifted by a small known amount
         part = ClassMoments(base.counts.copy(), base.means + 1e-3 * (i % 7), base.scatters)
         acc = acc.merge(part)
@@ -202,8 +204,8 @@ def test_memmap_source(tmp_path):
                       np.load(tmp_path / "y.npy", mmap_mode="r"), classes=CLASSES,
                       chunk_rows=300)
     m = src.moments()
-    np.testing.assert_allclose(m.sums, np.stack([X[y == k].sum(0) for k in range(3)]),
-                               rtol=1e-12)
+    sums = np.stack([X[y == k].sum(0) for k in range(3)])
+    np.testing.assert_allclose(m.counts[:, None] * m.means, sums, rtol=1e-12)
 
 
 def _write_parquet(path, X, y, parts=3):
@@ -516,3 +518,14 @@ def test_the_fused_stage_c_map_equals_the_framed_one():
     for k in range(2):
         np.testing.assert_allclose(fused(X, k), framed(f.to_frame(X), k), rtol=1e-8,
                                    atol=1e-8)
+
+
+def test_a_release_leaves_the_callers_source_as_it_was():
+    """classes= and bounds= given to one release apply to that release only."""
+    from klrelease.stream import as_source
+
+    X, y = _data(n=300)
+    src = ArraySource(X, y)
+    t = as_source(src, classes=CLASSES, bounds=(-50.0, 50.0))
+    assert t is not src and t.classes_declared and t.bounds == (-50.0, 50.0)
+    assert not src.classes_declared and src.classes is None and src.bounds is None

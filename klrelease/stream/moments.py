@@ -18,7 +18,7 @@ These are private statistics: nothing here logs or prints them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,26 +40,6 @@ class ClassMoments:
     means: np.ndarray
     scatters: np.ndarray
 
-    @classmethod
-    def zeros(cls, n_classes: int, n_features: int) -> ClassMoments:
-        return cls(np.zeros(n_classes), np.zeros((n_classes, n_features)),
-                   np.zeros((n_classes, n_features, n_features)))
-
-    @property
-    def n_classes(self) -> int:
-        return self.counts.shape[0]
-
-    @property
-    def sums(self) -> np.ndarray:
-        """Per-class sums ``n_k m_k`` (K, d)."""
-        return self.counts[:, None] * self.means
-
-    @property
-    def second_moments(self) -> np.ndarray:
-        """Per-class raw second moments ``sum u u^T = M_k + n_k m_k m_k^T`` (K, d, d)."""
-        return self.scatters + self.counts[:, None, None] * (
-            self.means[:, :, None] * self.means[:, None, :])
-
     def merge(self, other: ClassMoments) -> ClassMoments:
         """The moments of the union of both row sets (Chan et al.'s parallel update)."""
         na, nb = self.counts, other.counts
@@ -70,15 +50,6 @@ class ClassMoments:
         w = (na * nb / safe)[:, None, None]
         scat = self.scatters + other.scatters + w * (delta[:, :, None] * delta[:, None, :])
         return ClassMoments(n, means, scat)
-
-    @staticmethod
-    def merge_all(parts: Iterable[ClassMoments], n_classes: int,
-                  n_features: int) -> ClassMoments:
-        """Merge partial results in the given order (the order is public: chunk order)."""
-        acc = ClassMoments.zeros(n_classes, n_features)
-        for p in parts:
-            acc = acc.merge(p)
-        return acc
 
 
 def chunk_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,

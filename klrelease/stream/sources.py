@@ -668,10 +668,15 @@ class DaskSource(Source):
 
 def as_source(X, y=None, *, classes=None, bounds=None, norm_bound=None, client=None,
               label_column: str | None = None):
-    """``X`` as a :class:`Source` when it is one or a Dask collection, else ``None``."""
+    """``X`` as a :class:`Source` when it is one or a Dask collection, else ``None``. A given
+    source is copied before ``classes``, ``bounds``, ``norm_bound`` or ``client`` apply (the
+    caller's object, and what a later release of it assumes, are left as they were)."""
     if isinstance(X, Source):
         if y is not None:
             raise ValueError("y goes with arrays; a data source carries its own labels")
+        import copy
+
+        X = copy.copy(X)
         if classes is not None:
             X.classes, X.classes_declared = typed_classes(classes), True
         if bounds is not None:
