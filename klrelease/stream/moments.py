@@ -40,6 +40,11 @@ class ClassMoments:
     means: np.ndarray
     scatters: np.ndarray
 
+    @property
+    def sums(self) -> np.ndarray:
+        """Per-class sums ``n_k m_k`` (K, d)."""
+        return self.counts[:, None] * self.means
+
     def merge(self, other: ClassMoments) -> ClassMoments:
         """The moments of the union of both row sets (Chan et al.'s parallel update)."""
         na, nb = self.counts, other.counts
