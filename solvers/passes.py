@@ -53,7 +53,7 @@ import numpy as np
 from .._threads import blas_single_thread, single_threaded_blas
 from .backends import BACKENDS
 from .canonical import Canonical, balanced_frame, whitened_frame
-from .problem import FEASIBILITY_TOL, SDPResult, SolverFailed
+from .problem import FEASIBILITY_TOL, SDPResult, SolverFailed, gplus_factor
 from .reduction import MAX_ROUNDS, solve_reduced
 
 __all__ = ["AffineRows", "MemoryRows", "RowsTooFlat", "affine_gram", "solve_affine",
@@ -270,14 +270,7 @@ class _Problem:
 
     def scorer(self) -> np.ndarray:
         """``W`` with ``||v W||^2 = v^T G^+ v``, as :func:`.problem.max_violation` computes it."""
-        G = 0.5 * (self.G + self.G.T)
-        diag = np.diag(G).copy()
-        scale = np.ones_like(diag)
-        pos = diag > 0
-        scale[pos] = 1.0 / np.sqrt(diag[pos])
-        lam, Q = np.linalg.eigh(G * np.outer(scale, scale))
-        lam = np.maximum(lam, 1e-12 * lam[-1])
-        return (Q / np.sqrt(lam)) * scale[:, None]
+        return gplus_factor(self.G)
 
     def canonical_rows(self, x: np.ndarray, c: np.ndarray) -> np.ndarray:
         V = (x - self.centre) * self.scales[c][:, None]

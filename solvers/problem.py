@@ -188,6 +188,20 @@ def _all_finite(V: np.ndarray) -> bool:
     return True
 
 
+def gplus_factor(G: np.ndarray) -> np.ndarray:
+    """``W`` with ``v^T G^+ v = ||v W||^2`` for a symmetric PSD ``G`` with a positive
+    diagonal entry (see :func:`max_violation`: Jacobi scaling, eigenvalues raised to
+    ``1e-12`` of the largest)."""
+    G = 0.5 * (G + G.T)
+    diag = np.diag(G).copy()
+    pos = diag > 0
+    scale = np.ones_like(diag)
+    scale[pos] = 1.0 / np.sqrt(diag[pos])
+    lam, Q = np.linalg.eigh(G * np.outer(scale, scale))
+    lam = np.maximum(lam, _EIG_CUTOFF * lam[-1])
+    return (Q / np.sqrt(lam)) * scale[:, None]
+
+
 def max_violation(G: np.ndarray, V: np.ndarray) -> float:
     """Largest relative constraint violation ``max_n v_n^T G^+ v_n - 1`` over all rows.
 
@@ -219,12 +233,7 @@ def max_violation(G: np.ndarray, V: np.ndarray) -> float:
     if not np.any(diag > 0):
         nonzero = V.shape[0] > 0 and bool(np.any(V != 0))
         return float("inf") if nonzero else -1.0
-    pos = diag > 0
-    scale = np.ones_like(diag)
-    scale[pos] = 1.0 / np.sqrt(diag[pos])
-    lam, Q = np.linalg.eigh(G * np.outer(scale, scale))
-    lam = np.maximum(lam, _EIG_CUTOFF * lam[-1])
-    W = (Q / np.sqrt(lam)) * scale[:, None]  # v^T G^+ v = ||v @ W||^2
+    W = gplus_factor(G)
     worst = 0.0
     for start in range(0, V.shape[0], CHUNK_ROWS):
         Y = V[start : start + CHUNK_ROWS] @ W
