@@ -104,6 +104,7 @@ def unit_mean_noise(
     streamed = not isinstance(X, np.ndarray)
     if not passes and streamed:
         raise ValueError("passes=False needs the rows in memory")
+    flat = False  # the rows too flat for passes (RowsTooFlat): solved in memory below
     if not direct and passes:
         counts = stats.counts.astype(float)
         scales = np.diag(1.0 / (counts - 1.0))
@@ -115,7 +116,7 @@ def unit_mean_noise(
         data = X if streamed else sdp_passes.MemoryRows(X, codes)
         origin = stats.weights @ stats.means
         names = [solver] if solver != "auto" else list(BACKENDS)
-        failures, flat = [], False
+        failures = []
         for name in names:
             if solver == "auto" and name != "native" and not BACKENDS[name].is_available():
                 continue
@@ -140,6 +141,11 @@ def unit_mean_noise(
     if streamed:
         if n_rows > reduction.HULL_MAX_ROWS:
             raise ValueError(
+                "the neighbour rows of a streamed source are too flat for passes (some "
+                "direction's spread is within roundoff of the largest: a feature nearly "
+                "constant or a combination of others, or classes far apart relative to their "
+                f"spread), and too many to read into memory (more than "
+                f"{reduction.HULL_MAX_ROWS})" if flat else
                 f"reduce={reduce!r} needs the rows in memory; streamed data of this size is "
                 "solved with reduce='auto' or 'active-set'")
         X, codes = X.scan(_Collect(transform), _concat_rows, None)

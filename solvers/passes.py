@@ -63,9 +63,11 @@ __all__ = ["AffineRows", "MemoryRows", "RowsTooFlat", "affine_gram", "solve_affi
 POOL_ROWS = 6000
 #: Rows per block inside a pass (bounds the temporary ``block x (J d)`` scores).
 BLOCK_ROWS = 1 << 13
-#: Smallest Gram eigenvalue, relative to the largest, of a problem solved here (the rows must
-#: span the feature space; a flatter problem needs the rows in memory, :func:`mean_noise_sdp`).
-GRAM_RANK_TOL = 1e-10
+#: Smallest Gram eigenvalue, relative to the largest, of a problem solved here: the rows must
+#: span the feature space in floating point (a few units of roundoff; classes 1e6 within-class
+#: standard deviations apart still do). Flatter rows need the rows in memory
+#: (:func:`mean_noise_sdp`); every result is checked against all rows either way.
+GRAM_RANK_TOL = 8 * np.finfo(float).eps
 #: Rows added per active-set round in memory, per dimension (fewer than the in-memory solver's
 #: four: the pools hold most of the final working set, and smaller working sets solve faster;
 #: measured at N = 1e6, d = 10, K = 10: 0.19 s of solves against 0.24 s with four).

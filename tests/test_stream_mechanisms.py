@@ -225,3 +225,24 @@ def test_a_pool_that_bounds_the_other_rows_certifies_without_another_pass(pool, 
                 solvers.max_violation(res[k].G, V), abs=1e-12)
             assert solvers.max_violation(res[k].G, V) <= 1e-9
             np.testing.assert_allclose(res[k].objective, ref.objective, rtol=1e-6)
+
+
+def test_kl_paper_streams_classes_far_apart_relative_to_their_spread(monkeypatch):
+    """Classes 1e5 within-class standard deviations apart: the neighbour rows are flat but
+    span the space; passes solve them (as the rows in memory do) instead of refusing."""
+    from klrelease.solvers import reduction
+
+    monkeypatch.setattr(reduction, "HULL_MAX_ROWS", 1000)  # no reading into memory
+    monkeypatch.setattr(reduction, "DIRECT_MAX_ROWS", 1000)  # passes, not the rows at once
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 3000)
+    X = rng.normal(size=(3000, 4)) + 1e5 * y[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mem = klrelease.release(X, y, classes=[0, 1, 2], mechanism="kl-paper", epsilon=1.0,
+                                delta=1e-6, seed=1)
+        streamed = klrelease.release(ArraySource(X, y, classes=[0, 1, 2]), None,
+                                     mechanism="kl-paper", epsilon=1.0, delta=1e-6, seed=1)
+    true = np.stack([X[y == k].mean(axis=0) for k in range(3)])
+    err = np.abs(mem.gmm.means - true)
+    assert np.max(np.abs(streamed.gmm.means - mem.gmm.means) / err) < 1e-3
