@@ -204,9 +204,7 @@ def release(
     if p.solver is not None:
         solver = SolverBlock(solver=p.solver.solver, status=p.solver.status,
                              time_s=round(p.solver.time, 4), n_solves=p.solver.n_solves)
-    options = p.public_options
-    if getattr(p, "fallbacks", 0):  # a function of released values (or of a failed read)
-        options = {**options, "fallback": "the cruder stage-A estimate was released"}
+    options = {**p.public_options, **p.notes}
     out = Release(
         mechanism=p.mechanism, gmm=gmm, feature_names=list(data.feature_names),
         privacy=privacy, options=options, settings=opts.as_dict(), solver=solver,

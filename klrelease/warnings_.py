@@ -13,7 +13,7 @@ from pathlib import Path
 
 __all__ = ["PrivacyLeakWarning", "warn_privacy"]
 
-_PACKAGE = str(Path(__file__).resolve().parent)
+_PACKAGE = Path(__file__).resolve().parent
 
 
 class PrivacyLeakWarning(RuntimeWarning):
@@ -24,7 +24,7 @@ def warn_privacy(message: str) -> None:
     """Warn with :class:`PrivacyLeakWarning`, attributed to the first caller outside the
     library (wherever in the library the warning is raised)."""
     level, frame = 1, sys._getframe(1)
-    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(
+    while frame is not None and Path(frame.f_code.co_filename).resolve().is_relative_to(
             _PACKAGE):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, PrivacyLeakWarning, stacklevel=level + 1)

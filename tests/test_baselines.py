@@ -223,7 +223,7 @@ def test_gaussian_iid_dp_smoke_on_a_neighbouring_pair():
     sampled through the plans' exact log-densities. Its hockey-stick divergence must match the
     exact value of a Gaussian mechanism at the pair's actual whitened distance, which must be
     within the target delta; and the event {loss > eps} must obey the DP inequality."""
-    from klrelease.mechanisms.baselines.common import vech
+    from klrelease.linalg import vech
 
     eps, delta, n_draws = 1.0, 0.05, 4000
     X, y, y2, bounds = _corner_pair()

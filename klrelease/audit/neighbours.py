@@ -220,7 +220,7 @@ def _record_level(data: LabelledData, relation: Adjacency, max_pairs: int,
         for n in rows:
             targets = [int(data.codes[n])] if relation == Adjacency.CHANGE_ONE_RECORD else labels
             cand.extend((int(n), p, c) for p in range(P) for c in targets)
-        scores = np.array([leave[n] + maha_pts[p, c] / counts[c] for n, p, c in cand])
+        scores = np.array([leave[n] + maha_pts[p, c] / max(counts[c], 1) for n, p, c in cand])
         groups = np.array([int(data.codes[n]) * K + c for n, _, c in cand])
     per_group = max(1, max_pairs // (4 * len(np.unique(groups))))
     idx = _pick(scores, groups, max_pairs, per_group)

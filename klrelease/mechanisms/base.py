@@ -177,6 +177,12 @@ class Plan(ABC):
         """Sample and finalise one release."""
         return self.finalize(self.sample(rng))
 
+    @property
+    def notes(self) -> dict[str, str]:
+        """Public notes on how the draws were post-processed (functions of released values
+        only), added to the artifact's options. None by default."""
+        return {}
+
 
 class Mechanism(ABC):
     """A registered release mechanism.

@@ -71,8 +71,6 @@ __all__ = [
     "IIDPlan",
     "resolve_common",
     "Common",
-    "vech",
-    "unvech",
 ]
 
 #: Budget shares of weights, means and covariances (Wu et al.'s 0.04 / 0.16 / 0.70, rescaled

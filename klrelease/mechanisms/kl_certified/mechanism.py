@@ -340,7 +340,12 @@ class KLCertifiedPlan(Plan):
     rows: object = None  # private: the rows in the public frame (_MemoryRows, _StreamRows)
     counts: np.ndarray = None  # private
     sums: np.ndarray = None  # private stage-A sums
-    fallbacks: int = 0
+    fallbacks: int = 0  # draws post-processed by the stage-A fallback
+
+    @property
+    def notes(self) -> dict[str, str]:
+        # a function of released values (or of a failed read, see _read)
+        return {"fallback": "the cruder stage-A estimate was released"} if self.fallbacks else {}
 
     # ----------------------------------------------------------------- private statistics
     def _stage_b(self, m1: np.ndarray) -> np.ndarray:
@@ -469,8 +474,8 @@ class KLCertified(Mechanism):
     @blas_single_thread
     def plan(self, data: LabelledData, *, epsilon: float, delta: float,
              **options) -> KLCertifiedPlan:
-        opts = options  # validated by Mechanism.plan (names, types, relation)
-        relation = Adjacency(opts["adjacency"])
+        # options: validated by Mechanism.plan (names, types, relation)
+        relation = Adjacency(options["adjacency"])
         from ...stream import Source
 
         lf = relation == Adjacency.LABEL_FLIP
@@ -478,13 +483,13 @@ class KLCertified(Mechanism):
         extra = {}
         if isinstance(data, Source):  # streamed: passes over chunks, bounded memory
             frame, rows, N, R, total_scatter, sums, counts, total, where = stream_inputs(
-                data, relation, bool(opts["bounds_from_data"]), opts["norm_bound"])
+                data, relation, bool(options["bounds_from_data"]), options["norm_bound"])
             K, d, bound_ok, classes = len(data.classes), data.n_features, True, data.classes
             total_sums = total if lf else None
             extra = {"data": "streamed in chunks"}
         else:
             frame, T, bound_ok, where = public_frame(
-                data, relation, bool(opts["bounds_from_data"]), opts["norm_bound"])
+                data, relation, bool(options["bounds_from_data"]), options["norm_bound"])
             N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
             if lf:
                 from ...stream.sample import sample_rows
