@@ -87,9 +87,8 @@ def unit_mean_noise(
     ``passes=False`` solves class by class on the neighbour vectors formed in memory
     (:func:`solvers.mean_noise_sdp`; arrays only), as a reference.
     """
+    from .solvers import dispatch, reduction
     from .solvers import passes as sdp_passes
-    from .solvers import reduction
-    from .solvers.backends import BACKENDS
 
     K, d = stats.n_classes, stats.n_features
     if adjacency in (Adjacency.CHANGE_ONE_RECORD, Adjacency.ADD_ONE):
@@ -115,29 +114,24 @@ def unit_mean_noise(
         gram = sdp_passes.affine_gram(rows, counts, stats.means, scatters)
         data = X if streamed else sdp_passes.MemoryRows(X, codes)
         origin = stats.weights @ stats.means
-        names = [solver] if solver != "auto" else list(BACKENDS)
-        failures = []
-        for name in names:
-            if solver == "auto" and name != "native" and not BACKENDS[name].is_available():
-                continue
+        order = dispatch.backend_order(solver)
+
+        def attempt(name):
             try:
-                results = sdp_passes.solve_affine(
-                    sigma_inv, rows, gram, data, solver=name, origin=origin,
-                    transform=transform)
-            except sdp_passes.RowsTooFlat:
-                flat = True  # the rows are too flat for passes: solved in memory below
-                break
-            except solvers.SolverFailed as exc:
-                failures.append(str(exc))
-                continue
+                return sdp_passes.solve_affine(sigma_inv, rows, gram, data, solver=name,
+                                               origin=origin, transform=transform)
             except np.linalg.LinAlgError:  # from a backend's output: untrusted, try the next
-                failures.append(f"{name}: a linear-algebra error on its result")
-                continue
+                raise solvers.SolverFailed(name, "linear-algebra error",
+                                           "a linear-algebra error on its result") from None
+
+        try:
+            results, _ = dispatch.over_backends(solver, order, attempt)
+        except sdp_passes.RowsTooFlat:
+            flat = True  # the rows are too flat for passes: solved in memory below
+        else:
             G1 = np.stack([r.G for r in results])
             T = np.einsum("kij,kji->k", sigma_inv, G1)
             return UnitMeanNoise(G1=G1, T=T, solver=SolverReport.combine(results))
-        if not flat:
-            raise solvers.SolverFailed(solver, "all backends failed", " | ".join(failures))
     if streamed:
         if n_rows > reduction.HULL_MAX_ROWS:
             raise ValueError(

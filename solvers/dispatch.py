@@ -20,7 +20,7 @@ from .problem import (
 )
 from .reduction import REDUCTIONS, solve_reduced
 
-__all__ = ["SOLVERS", "available_solvers", "mean_noise_sdp"]
+__all__ = ["SOLVERS", "available_solvers", "backend_order", "mean_noise_sdp", "over_backends"]
 
 #: Accepted values of ``solver=``.
 SOLVERS = ("auto", "native", "clarabel", "scs", "mosek")
@@ -121,13 +121,7 @@ def mean_noise_sdp(
     if max_iters is not None and not (integral and max_iters > 0):
         raise ValueError("max_iters must be a positive integer or None")
     A, V = validate_inputs(A, V)
-    if solver == "auto":
-        # Availability is checked lazily, in order: when the native solver succeeds, neither
-        # cvxpy nor MOSEK is imported and no licence probe runs.
-        order = list(BACKENDS)
-    else:
-        BACKENDS[solver].require()
-        order = [solver]
+    order = backend_order(solver)
     deadline = None if time_limit is None else start + time_limit
     # many small matrices and memory-bound passes: threaded BLAS only adds synchronisation
     with single_threaded_blas():
@@ -148,18 +142,37 @@ def mean_noise_sdp(
                 backend_violation=-1.0,
                 rank=0,
             )
-        fallbacks: list[str] = []
-        for name in order:
-            if solver == "auto" and not BACKENDS[name].is_available():
-                continue
-            try:
-                result = _solve_with(canon, A, V, BACKENDS[name], reduce, tol, deadline, max_iters)
-            except SolverFailed as exc:
-                if solver != "auto":
-                    raise
-                fallbacks.append(str(exc))
-                continue
-            return SDPResult(**result, time=time.perf_counter() - start, fallbacks=tuple(fallbacks))
+        result, fallbacks = over_backends(solver, order, lambda name: _solve_with(
+            canon, A, V, BACKENDS[name], reduce, tol, deadline, max_iters))
+    return SDPResult(**result, time=time.perf_counter() - start, fallbacks=fallbacks)
+
+
+def backend_order(solver: str) -> list[str]:
+    """The backends to try: the named one (which must be available: raises
+    :class:`SolverUnavailable` otherwise), or every backend in order for ``"auto"``
+    (availability is checked lazily by :func:`over_backends`: when the native solver succeeds,
+    neither cvxpy nor MOSEK is imported and no licence probe runs)."""
+    if solver == "auto":
+        return list(BACKENDS)
+    BACKENDS[solver].require()
+    return [solver]
+
+
+def over_backends(solver: str, order: list[str], attempt):
+    """``attempt(name)`` on the backends of ``order`` until one returns: a named backend's
+    :class:`SolverFailed` is raised; under ``"auto"`` it is recorded and the next available
+    backend tried. Returns ``(result, fallbacks)``; raises :class:`SolverFailed` when every
+    backend failed."""
+    fallbacks: list[str] = []
+    for name in order:
+        if solver == "auto" and not BACKENDS[name].is_available():
+            continue
+        try:
+            return attempt(name), tuple(fallbacks)
+        except SolverFailed as exc:
+            if solver != "auto":
+                raise
+            fallbacks.append(str(exc))
     raise SolverFailed("auto", "all backends failed", " | ".join(fallbacks))
 
 
