@@ -51,8 +51,16 @@ def test_fitted_attributes_and_pipeline(iris):
     assert list(fitted.classes_) == sorted(set(y))
     proba = pipe.predict_proba(X)
     assert np.allclose(proba.sum(axis=1), 1.0)
-    assert pipe.score(X, y) > 0.6  # chance is 1/3; at eps = 1000 iris scores 0.7-0.95
     assert np.array_equal(pipe.predict(X), fitted.classes_[proba.argmax(axis=1)])
+    # the score of one draw varies with its noise (under 0.6 in 7% of draws at eps = 1000,
+    # median 0.85): checked on a seeded pipeline, the same every run
+    seeded = make_pipeline(FunctionTransformer(), GMMReleaser(
+        epsilon=1e3, delta=1e-5, mechanism="gaussian-iid", bounds=iris.bounds,
+        classes=sorted(set(y)), random_state=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyLeakWarning)  # seeded: an experiment
+        seeded.fit(X, y)
+    assert seeded.score(X, y) > 0.6  # chance is 1/3
     Xs, ys = fitted.sample(50, random_state=1)
     assert Xs.shape == (50, 4) and set(ys) <= set(y)
     assert est.get_params()["epsilon"] == 1e3
