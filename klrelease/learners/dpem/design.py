@@ -31,6 +31,7 @@ import warnings
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from scipy.optimize import brentq
 from scipy.stats import chi2, norm
 
 from ...privacy.ledger import Ledger, gdp_mu
@@ -55,7 +56,7 @@ SETTINGS = {
     "max_cells": 20000,  # released cells used by the k-means post-processing (heaviest)
     "count_floor": 2.0,  # released counts used as divisors are >= this x their noise sd
     "prior_divergence": 0.25,  # per dimension: expected ||G - previous||_F^2 / d, whitened
-    "cov_cap": 4.0,  # released covariances have eigenvalues <= this x sigma_max^2
+    "cov_cap": 1.0,  # released covariances have eigenvalues <= this x sigma_max^2
     "early_cov_noise": 0.05,  # before the last iteration: covariances only below this noise
 }
 
@@ -197,11 +198,6 @@ class Model:
     centre_cov: np.ndarray  # (k, d, d)
 
 
-def _sym_fn(C: np.ndarray, fn) -> np.ndarray:
-    w, V = np.linalg.eigh(0.5 * (C + np.swapaxes(C, -1, -2)))
-    return (V * fn(w)[..., None, :]) @ np.swapaxes(V, -1, -2)
-
-
 def cell_centres(design: Design, cells: np.ndarray, shift: np.ndarray) -> np.ndarray:
     """Centres (projected frame coordinates) of flat cell indices."""
     idx = np.stack(np.unravel_index(np.asarray(cells, dtype=np.int64),
@@ -262,24 +258,28 @@ def init_model(design: Design, centres: np.ndarray, counts: np.ndarray, V: np.nd
 
 @dataclass(frozen=True)
 class Regions:
-    """Per component: ``u = clip_r((t - centre) W)``, ``W = shape^(-1/2)``."""
+    """Per component: ``u = clip_r((t - centre) W)``, ``W = shape^(-1/2)``; the shape is also
+    the covariance of the E-step."""
 
     centres: np.ndarray
     W: np.ndarray
     W_inv: np.ndarray
     shape: np.ndarray
+    logdet: np.ndarray
 
 
 def regions(design: Design, model: Model) -> Regions:
     """Clipping regions from released values: shape = covariance with eigenvalues in
     ``[sigma_min^2, sigma_max^2]`` (the public range of a component's spread) plus the noise
-    covariance of the released mean."""
-    S = project_psd(model.covs, design.sigma_min**2, 1.0) + model.centre_cov
-    floor = 1e-12 * np.linalg.eigvalsh(S)[:, -1]
-    S = project_psd(S, np.maximum(floor, 1e-300))
-    W = _sym_fn(S, lambda w: 1.0 / np.sqrt(w))
-    W_inv = _sym_fn(S, np.sqrt)
-    return Regions(model.means.copy(), W, W_inv, S)
+    covariance of the released mean. The E-step uses the same shape as the component's
+    predictive covariance (its mean is known to within that noise)."""
+    S = project_psd(np.nan_to_num(model.covs), design.sigma_min**2, 1.0) + np.nan_to_num(
+        model.centre_cov)
+    w, V = np.linalg.eigh(0.5 * (S + np.swapaxes(S, -1, -2)))
+    w = np.maximum(w, np.maximum(1e-12 * w[:, -1:], 1e-300))
+    W = (V / np.sqrt(w)[:, None, :]) @ np.swapaxes(V, -1, -2)
+    W_inv = (V * np.sqrt(w)[:, None, :]) @ np.swapaxes(V, -1, -2)
+    return Regions(model.means.copy(), W, W_inv, W_inv @ W_inv, np.sum(np.log(w), axis=1))
 
 
 @dataclass(frozen=True)
@@ -359,16 +359,10 @@ def clip_correction(m: float, d: int, r: float) -> float:
     if not np.isfinite(m) or m <= 0:
         return 1.0
     m = min(m, 0.999 * cap)
-    lo, hi = m, m
+    hi = m
     while h(hi) < m:
         hi *= 2.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if h(mid) < m:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi) / m
+    return float(brentq(lambda g: h(g) - m, m, hi, xtol=1e-12 * m, rtol=1e-10)) / m
 
 
 def update(design: Design, model: Model, reg: Regions, noise: Noise, counts: np.ndarray,

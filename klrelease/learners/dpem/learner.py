@@ -17,8 +17,6 @@ run is an experiment and is not certified.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from scipy.stats import norm, truncnorm
 
@@ -93,43 +91,37 @@ def private_pca(T: np.ndarray, design: Design, rng: np.random.Generator) -> np.n
     return vecs[:, ::-1]
 
 
-def _log_responsibilities(T: np.ndarray, model: Model) -> np.ndarray:
-    """Log-densities of the rows under every component, log-weights added (predictive
-    covariance: the released covariance plus the noise covariance of the released mean)."""
-    k = model.means.shape[0]
-    S = model.covs + model.centre_cov
-    L = np.linalg.cholesky(S)
-    logdet = 2.0 * np.sum(np.log(np.diagonal(L, axis1=1, axis2=2)), axis=1)
-    out = np.empty((T.shape[0], k))
-    for j in range(k):
-        Z = np.linalg.solve(L[j], (T - model.means[j]).T)
-        out[:, j] = math.log(model.weights[j]) - 0.5 * logdet[j] - 0.5 * np.einsum(
-            "ij,ij->j", Z, Z)
-    return out
-
-
-def em_statistics(T: np.ndarray, model: Model, reg: Regions, r: float
+def em_statistics(T: np.ndarray, weights: np.ndarray, reg: Regions, r: float
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One E-step and the M-step statistics: per component the sum of the responsibilities,
-    the responsibility-weighted sum and second moment of ``u = clip_r((t - centre) W)``."""
+    """One E-step and the M-step statistics.
+
+    With ``z = (t - centre) W`` per component, the responsibilities are proportional to
+    ``w exp(-||z||^2 / 2) / sqrt(det shape)`` and ``u = z min(1, r / ||z||)``; returns per
+    component the sum of the responsibilities and their weighted sum and second moment of
+    ``u``.
+    """
     k, d = reg.centres.shape
+    logc = np.log(weights) - 0.5 * reg.logdet
+    Wcat = np.concatenate(list(reg.W), axis=1)  # (d, k d): one product for every component
+    offset = np.einsum("ki,kij->kj", reg.centres, reg.W).reshape(-1)
     n = np.zeros(k)
     A = np.zeros((k, d))
     B = np.zeros((k, d, d))
     for s in range(0, T.shape[0], BLOCK):
-        Tb = T[s:s + BLOCK]
-        lg = _log_responsibilities(Tb, model)
+        Z = T[s:s + BLOCK] @ Wcat
+        Z -= offset
+        Z = Z.reshape(-1, k, d)  # z = (t - centre_j) W_j
+        sq = np.einsum("bki,bki->bk", Z, Z)
+        lg = logc - 0.5 * sq
         lg -= lg.max(axis=1, keepdims=True)
         Rb = np.exp(lg)
         Rb /= Rb.sum(axis=1, keepdims=True)
+        clip = np.minimum(1.0, r / np.sqrt(np.maximum(sq, 1e-300)))
+        Z *= clip[:, :, None]  # u = clip_r(z)
+        n += Rb.sum(axis=0)
+        A += np.einsum("bk,bki->ki", Rb, Z)
         for j in range(k):
-            U = (Tb - reg.centres[j]) @ reg.W[j]
-            nrm = np.sqrt(np.einsum("ij,ij->i", U, U))
-            U *= np.minimum(1.0, r / np.maximum(nrm, 1e-300))[:, None]
-            rj = Rb[:, j]
-            n[j] += rj.sum()
-            A[j] += rj @ U
-            B[j] += (U * rj[:, None]).T @ U
+            B[j] += (Z[:, j] * Rb[:, j, None]).T @ Z[:, j]
     return n, A, B
 
 
@@ -216,7 +208,7 @@ def _iterate(T: np.ndarray, design: Design, model: Model, s: float,
     reg = regions(design, model)
     noise = iteration_noise(design, s, final)
     r = design.region_radius
-    n, A, B = em_statistics(T, model, reg, r)
+    n, A, B = em_statistics(T, model.weights, reg, r)
     k, d = A.shape
     release = released(
         f"dp-em iteration {i + 1}",
