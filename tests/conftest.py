@@ -27,6 +27,8 @@ LEARNER_SCALES = {
     "kamath-sa-lite": {"R": 10.0, "sigma_min": 0.1, "sigma_max": 3.0},
     "kamath-pegme": {"sigma_min": 0.5},
     "afzali-style-sample-aggregate": {"sigma_max": 3.0},
+    "dp-em": {"R": 10.0, "sigma_max": 3.0},
+    "park-dp-em": {"R": 10.0, "sigma_max": 3.0},
 }
 
 

@@ -386,6 +386,8 @@ _UNITS = ("R", "sigma_min", "sigma_max", "w_mu")
                                     "n_init": 1, "agree": 0.6}),
     ("afzali-style-sample-aggregate", 12000, 6.0, {"sigma_max": 3.0, "w_mu": 2.0,
                                                    "r_init": 1}),
+    ("dp-em", 8000, 6.0, {"R": 7.0, "sigma_max": 2.0, "sigma_min": 0.5}),
+    ("park-dp-em", 8000, 6.0, {"R": 7.0, "sigma_max": 2.0}),
 ])
 @pytest.mark.parametrize("units", [1e-3, 3.7e4])
 def test_changing_the_units_keeps_the_release(name, n, sep, opts, units):

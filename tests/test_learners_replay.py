@@ -33,6 +33,10 @@ CASES = [
                                        "accountant": "zcdp"}),
     ("afzali-style-sample-aggregate", 2, 60000, 2, 6.0, {"sigma_max": 3.0, "w_mu": 2.0,
                                                          "r_init": 1, "accountant": "zcdp"}),
+    # dp-em: in d = 2 (histogram in a public rotation) and d = 5 (private PCA first)
+    ("dp-em", 2, 6000, 2, 25.0, {"R": 26.0, "sigma_max": 2.0}),
+    ("dp-em", 3, 8000, 5, 4.0, {"R": 5.0, "sigma_max": 2.0, "sigma_min": 0.5}),
+    ("park-dp-em", 2, 6000, 3, 8.0, {"R": 9.0, "sigma_max": 2.0}),
 ]
 
 
