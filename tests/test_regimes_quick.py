@@ -19,7 +19,7 @@ def test_learners_regimes_quick(tmp_path):
     rows = _rows(folder / "learners_regimes.csv")
     info = json.loads((folder / "learners_regimes.json").read_text())
     assert (folder / "learners_regimes.png").stat().st_size > 0
-    learners = {"kamath-pgme", "kamath-sa-lite", "afzali-style-sample-aggregate"}
+    learners = {"kamath-pgme-lite", "kamath-sa-lite", "afzali-style-sample-aggregate"}
     unlabelled = [r for r in rows if r["kind"] == "unlabelled learner"]
     assert {r["learner"] for r in unlabelled} == learners
     assert len(unlabelled) == 3 * info["cells"]
@@ -51,5 +51,5 @@ def test_ppe_regimes_quick(tmp_path):
     assert all(r["status"] == "PASS" or r["status"].startswith("FAIL") for r in sim)
     real = _rows(folder / "ppe_regimes_real.csv")
     assert [r["status"] for r in real] == ["FAIL"] * len(real)
-    assert {r["stage"] for r in real} <= {"configuration", "popularity test"}
+    assert {r["stage"] for r in real} <= {"configuration", "preflight", "popularity test"}
     assert all(r["reason"] for r in real)

@@ -139,7 +139,10 @@ def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
                rng: np.random.Generator, R: float, sigma_max: float,
                sigma_min: float | None = None, iterations: int = 8,
                progress: bool = False) -> LearnResult:
-    """Certified DP-EM: a private histogram start, then EM with noisy M-steps (GDP).
+    """Certified DP-EM: a private PCA and histogram start, then EM with noisy M-steps (GDP).
+
+    Returns a released GMM always (never FAIL): ``(epsilon, delta)``-DP under replacement of
+    one record, N public (``DPEM.md``).
 
     Parameters (all public)
     -----------------------
@@ -152,9 +155,6 @@ def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
         ``sigma_max / 1000``): the floor of the released covariances' eigenvalues.
     iterations : the fixed number of EM iterations (default 8).
     progress : a progress bar over the iterations.
-
-    Returns a released GMM always (never FAIL): ``(epsilon, delta)``-DP under replacement of
-    one record, N public (``DPEM.md``).
     """
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape

@@ -76,10 +76,14 @@ def learn_park_dpem(X, n_components: int, *, epsilon: float, delta: float,
                     iterations: int = 10) -> LearnResult:
     """DP-EM of Park et al. (2017): moment perturbation, zCDP, data-independent start.
 
-    Parameters (all public): ``R`` bound on the component means' norms and ``sigma_max``
-    bound on the component standard deviations (data units, required): they fix the ball the
-    rows are clipped to and normalised by. ``iterations``: fixed number of EM iterations
-    (default 10, the published code's). Never FAILs.
+    Never FAILs.
+
+    Parameters (all public)
+    -----------------------
+    R : bound on the component means' norms, in the units of the data (required).
+    sigma_max : bound on the component standard deviations, in the units of the data
+        (required); with ``R`` it fixes the ball the rows are clipped to and normalised by.
+    iterations : fixed number of EM iterations (default 10, the published code's).
     """
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
