@@ -280,7 +280,8 @@ def test_diagnostics_hold_only_public_or_released_values():
     rng = np.random.default_rng(45)
     X, _ = _mixture(3000, np.array([[-10.0, 0.0], [10.0, 0.0]]), rng)
     res = learn(X, 2, epsilon=1.0, delta=1e-6, learner="dp-em", seed=0, R=12.0, sigma_max=2.0)
-    assert set(res.diagnostics) == {"ledger", "design", "iterations", "released_cells"}
+    assert set(res.diagnostics) == {"ledger", "design", "iterations", "released_cells",
+                                    "combined_iterations"}
     zeros = learn(np.zeros_like(X), 2, epsilon=1.0, delta=1e-6, learner="dp-em", seed=0,
                   R=12.0, sigma_max=2.0)
     # the ledger, the design and the noise scales are the same for any data of this shape

@@ -32,7 +32,7 @@ def test_a_learned_model_is_an_artifact_with_schema_names_options_seed(tmp_path)
         assert key in doc
     assert doc["feature_names"] == ["height", "weight"]
     assert doc["options"] == {"R": 25.0, "sigma_max": 2.0, "sigma_min": None,
-                              "iterations": 8}
+                              "iterations": None}
     assert doc["randomness"]["seed"] == 4 and doc["randomness"]["secure"] is False
     path = tmp_path / "a.json"
     path.write_text(res.to_json())

@@ -335,8 +335,8 @@ def test_pegme_recovers_its_model_and_fails_small():
 
 _RELEASED_KEYS = {
     # every diagnostic is public (n, d, k, ledger, public thresholds) or a released DP output
-    "kamath-pgme-lite": {"ledger", "n", "d", "k", "t", "truncation_radius", "nodes", "preflight",
-                    "leaf_noisy_counts", "components_found"},
+    "kamath-pgme-lite": {"ledger", "n", "d", "k", "t", "truncation_radius", "nodes",
+                         "preflight", "leaf_noisy_counts", "components_found", "leaves"},
     "kamath-pegme": {"ledger", "n", "d", "k", "t", "ell", "truncation_radius",
                      "locate_composition", "balls_found"},
     "kamath-sa-lite": {"ledger", "n", "d", "k", "blocks", "block_size", "rounds", "preflight",
@@ -356,6 +356,8 @@ def test_diagnostics_hold_only_public_or_released_values(name):
     if name == "kamath-pgme-lite":
         for node in res.diagnostics["nodes"]:
             assert set(node) <= {"path", "k_node", "bounding_radius", "outcome", "ball_radius"}
+        for leaf in res.diagnostics["leaves"]:  # whether the leaf's own ball was released
+            assert set(leaf) == {"path", "own_ball"}
 
 
 @pytest.mark.parametrize(("name", "n", "opts"), [

@@ -37,8 +37,9 @@ from scipy.stats import chi2, norm
 from ...privacy.ledger import Ledger, gdp_mu
 from ...privacy.projections import project_psd, project_simplex
 
-__all__ = ["SETTINGS", "Design", "Model", "Regions", "Noise", "make_design", "init_model",
-           "regions", "iteration_noise", "update", "clip_correction", "cell_centres"]
+__all__ = ["SETTINGS", "Design", "Model", "Regions", "Noise", "Estimate", "make_design",
+           "init_model", "regions", "iteration_noise", "estimate", "merge", "update",
+           "clip_correction", "cell_centres"]
 
 #: Public constants of the design (the same for every dataset).
 SETTINGS = {
@@ -46,6 +47,10 @@ SETTINGS = {
     "pca_share": 0.08,  # share of mu^2 for the private PCA (only when d > the histogram's p)
     "pca_sum_share": 0.2,  # of the PCA's share: the sum of the rows (the rest: their scatter)
     "iteration_growth": 1.5,  # iteration i gets a share proportional to growth^i
+    "first_noise": 0.2,  # automatic count: the first iteration's mean noise at most this ...
+    "iterations_range": (6, 40),  # ... within this range of iterations
+    "subsample": 200_000,  # iterations before the last few use a public subset of this size
+    "full_iterations": 3,  # the last iterations use every row
     "region_level": 0.99,  # region radius^2 = chi2_d quantile at this level
     "ball_tail": 1e-4,  # data ball: R + sigma_max sqrt(chi2_d quantile at 1 - this)
     "init_dims": 5,  # the histogram has at most min(d, k, this) dimensions
@@ -131,22 +136,38 @@ class Design:
 
 
 def make_design(n: int, d: int, k: int, epsilon: float, delta: float, *, R: float,
-                sigma_max: float, sigma_min: float, iterations: int,
+                sigma_max: float, sigma_min: float, iterations: int | None = None,
                 settings: dict | None = None) -> Design:
-    """Fix the run from public inputs (``R``, ``sigma_min``, ``sigma_max`` in data units)."""
+    """Fix the run from public inputs (``R``, ``sigma_min``, ``sigma_max`` in data units).
+
+    ``iterations=None`` chooses the count from public inputs: the most (within
+    ``iterations_range``) for which the first, noisiest iteration still moves the mean of a
+    component of ``n_iter / (2k)`` rows by at most ``first_noise`` of its spread per
+    coordinate (``n_iter`` the rows an early iteration uses): few at small N epsilon, where
+    every iteration's noise counts, many at large N epsilon, where EM's convergence does.
+    """
     st = dict(SETTINGS if settings is None else settings)
-    if int(iterations) != iterations or iterations < 1:
+    if iterations is not None and (isinstance(iterations, bool) or int(iterations) != iterations
+                                   or iterations < 1):
         raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
-    T = int(iterations)
     R_f, smin = R / sigma_max, sigma_min / sigma_max
     ball = R_f + math.sqrt(chi2.ppf(1.0 - st["ball_tail"], d))
     mu = gdp_mu(epsilon, delta)
     p_max = min(d, k, int(st["init_dims"]))
     use_pca = min(d, 2) < d  # decided from d alone: the PCA's share is fixed before p
     pca = st["pca_share"] if use_pca else 0.0
-    growth = st["iteration_growth"] ** np.arange(1, T + 1)
-    shares = (1.0 - st["init_share"] - pca) * growth / growth.sum()
-    iter_s = tuple(float(mu * math.sqrt(f)) for f in shares)
+    rest = 1.0 - st["init_share"] - pca
+    region_r = math.sqrt(chi2.ppf(st["region_level"], d))
+    if iterations is None:
+        lo, hi = st["iterations_range"]
+        n_iter = min(n, st["subsample"])
+        need = 2.0 * region_r / (st["first_noise"] * max(n_iter / (2.0 * k), 1.0))
+        T = lo
+        while T < hi and mu * math.sqrt(rest * _shares(T + 1, st)[0]) >= need:
+            T += 1
+    else:
+        T = int(iterations)
+    iter_s = tuple(float(mu * math.sqrt(rest * f)) for f in _shares(T, st))
     init_s = float(mu * math.sqrt(st["init_share"]))
     pca_s = float(mu * math.sqrt(pca))
     hist_sd = math.sqrt(2.0) / init_s
@@ -159,8 +180,13 @@ def make_design(n: int, d: int, k: int, epsilon: float, delta: float, *, R: floa
             break
     cell, p, grid, threshold = _cell(ball, p, hist_sd, n, k, st)
     return Design(n, d, k, float(epsilon), float(delta), T, float(sigma_max), R_f, smin, ball,
-                  mu, init_s, pca_s, iter_s, math.sqrt(chi2.ppf(st["region_level"], d)), p, cell,
-                  grid, hist_sd, threshold, st)
+                  mu, init_s, pca_s, iter_s, region_r, p, cell, grid, hist_sd, threshold, st)
+
+
+def _shares(T: int, st: dict) -> np.ndarray:
+    """Shares of the iterations' budget: growing geometrically, summing to one."""
+    g = st["iteration_growth"] ** np.arange(1, T + 1)
+    return g / g.sum()
 
 
 def _cell(ball: float, p: int, sd: float, n: int, k: int, st: dict
@@ -365,43 +391,107 @@ def clip_correction(m: float, d: int, r: float) -> float:
     return float(brentq(lambda g: h(g) - m, m, hi, xtol=1e-12 * m, rtol=1e-10)) / m
 
 
-def update(design: Design, model: Model, reg: Regions, noise: Noise, counts: np.ndarray,
-           sums: np.ndarray, second: np.ndarray) -> Model:
-    """The next mixture from one iteration's released values (post-processing)."""
-    k, d, N = design.k, design.d, design.n
+@dataclass(frozen=True)
+class Estimate:
+    """One iteration's estimates from its released values, before shrinkage and floors:
+    weights (with their noise variance), means (with their noise covariance) and, when the
+    second moments were released, covariances in frame units (with the noise variance of a
+    whitened entry)."""
+
+    n: np.ndarray
+    weights: np.ndarray
+    weight_var: np.ndarray
+    means: np.ndarray
+    mean_cov: np.ndarray
+    covs: np.ndarray | None
+    cov_var: np.ndarray | None
+
+
+def estimate(design: Design, reg: Regions, noise: Noise, counts: np.ndarray,
+             sums: np.ndarray, second: np.ndarray | None, n_rows: int) -> Estimate:
+    """An iteration's raw estimates (post-processing of its released values)."""
+    k, d = design.k, design.d
+    N = int(n_rows)
     r = design.region_radius
     n = np.nan_to_num(np.asarray(counts, dtype=float))
     n = n - (n.sum() - N) / k  # the responsibilities of every row sum to one: total N
     n = np.maximum(np.maximum(n, design.settings["count_floor"] * noise.count_sd), 2.0)
-    A = np.nan_to_num(np.asarray(sums, dtype=float))
-    a = A / n[:, None]
-    est = reg.centres + np.einsum("kji,kj->ki", reg.W_inv, a)
-    est_cov = (noise.mean_sd**2 / n**2)[:, None, None] * reg.shape
+    a = np.nan_to_num(np.asarray(sums, dtype=float)) / n[:, None]
+    means = reg.centres + np.einsum("kji,kj->ki", reg.W_inv, a)
+    mean_cov = (noise.mean_sd**2 / n**2)[:, None, None] * reg.shape
+    covs = cov_var = None
+    if second is not None and np.isfinite(noise.cov_sd):
+        covs = np.empty((k, d, d))
+        for j in range(k):
+            G = np.nan_to_num(np.asarray(second[j], dtype=float)) / n[j] - np.outer(a[j], a[j])
+            G = 0.5 * (G + G.T) * clip_correction(float(np.trace(G)) / d, d, r)
+            covs[j] = reg.W_inv[j] @ G @ reg.W_inv[j]
+        cov_var = (noise.cov_sd / n) ** 2
+    return Estimate(n, n / N, (noise.count_sd / N) ** 2 * np.ones(k), means, mean_cov, covs,
+                    cov_var)
+
+
+def merge(history: list[Estimate], level: float = 0.999) -> tuple[Estimate, int]:
+    """Precision-weighted combination of the last iterations' estimates, from the last one
+    backwards while each earlier one agrees with the combination to within their noise
+    (means: chi-square test at ``level`` for every component; weights: the same per weight).
+    At convergence EM's iterations estimate the same fixed point, so combining them recovers
+    the budget the iterations split; an iteration that disagrees (EM still moving) stops the
+    walk. Post-processing of released values. Returns the combination and how many merged."""
+    acc = history[-1]
+    used = 1
+    d = acc.means.shape[1]
+    m_crit = chi2.ppf(level, d)
+    w_crit = chi2.ppf(level, 1)
+    for est in reversed(history[:-1]):
+        dm = est.means - acc.means
+        C = est.mean_cov + acc.mean_cov
+        q = np.einsum("ki,ki->k", dm, np.linalg.solve(C, dm[..., None])[..., 0])
+        qw = (est.weights - acc.weights) ** 2 / (est.weight_var + acc.weight_var)
+        if not (np.all(q <= m_crit) and np.all(qw <= w_crit)):
+            break
+        means, mean_cov = _combine(acc.means, acc.mean_cov, est.means, est.mean_cov)
+        pw_a, pw_e = 1.0 / acc.weight_var, 1.0 / est.weight_var
+        weights = (acc.weights * pw_a + est.weights * pw_e) / (pw_a + pw_e)
+        covs, cov_var = acc.covs, acc.cov_var
+        if est.covs is not None and acc.covs is not None:
+            pa, pe = 1.0 / acc.cov_var, 1.0 / est.cov_var
+            covs = (acc.covs * pa[:, None, None] + est.covs * pe[:, None, None]) / (
+                pa + pe)[:, None, None]
+            cov_var = 1.0 / (pa + pe)
+        acc = Estimate(acc.n, weights, 1.0 / (pw_a + pw_e), means, mean_cov, covs, cov_var)
+        used += 1
+    return acc, used
+
+
+def update(design: Design, model: Model, reg: Regions, noise: Noise, est: Estimate) -> Model:
+    """The next mixture from an iteration's (or a combination's) estimates: means combined
+    with the previous ones by precision, covariances shrunk, floored and capped, weights
+    projected onto the simplex (post-processing)."""
+    k, d = design.k, design.d
     # a component with few rows keeps most of its previous mean: the estimate is combined
     # with the previous mean, known to within its noise plus the component's spread
-    means, centre_cov = _combine(est, est_cov, model.means, model.centre_cov + model.covs)
+    means, centre_cov = _combine(est.means, est.mean_cov, model.means,
+                                 model.centre_cov + model.covs)
     covs = np.empty((k, d, d))
     for j in range(k):
         prev = reg.W[j] @ model.covs[j] @ reg.W[j]  # previous covariance, whitened
-        if np.isfinite(noise.cov_sd):
-            B = np.nan_to_num(np.asarray(second[j], dtype=float))
-            G = B / n[j] - np.outer(a[j], a[j])
-            G = 0.5 * (G + G.T) * clip_correction(float(np.trace(G)) / d, d, r)
+        if est.covs is not None:
+            G = reg.W[j] @ est.covs[j] @ reg.W[j]
             # shrink toward the previous covariance rescaled to the current trace (the trace
             # averages d noisy entries: its noise is small), by the known noise energy nu
             t_prev = float(np.trace(prev))
             target = prev * (max(float(np.trace(G)), 1e-12 * t_prev) / t_prev)
-            nu = noise.cov_sd**2 * d * (d + 1) / (2.0 * n[j] ** 2)
+            nu = est.cov_var[j] * d * (d + 1) / 2.0
             dist = float(np.sum((G - target) ** 2))
             w = min(1.0, nu / dist) if dist > 0 and np.isfinite(dist) else 1.0
             G = (1.0 - w) * G + w * target
             # the remaining noise, (1 - w) E / n, has spectral norm about (1 - w) sd sqrt(2 d):
             # eigenvalues below it are not told apart from noise (KL punishes them most)
-            G = project_psd(G, max((1.0 - w) * noise.cov_sd / n[j] * math.sqrt(2.0 * d),
-                                   1e-12))
+            G = project_psd(G, max((1.0 - w) * math.sqrt(est.cov_var[j] * 2.0 * d), 1e-12))
         else:
             G = prev
         covs[j] = reg.W_inv[j] @ G @ reg.W_inv[j]
     covs = project_psd(np.nan_to_num(covs), design.sigma_min**2, design.settings["cov_cap"])
-    weights = project_simplex(n / N, floor=0.5 / max(N, k))
+    weights = project_simplex(np.nan_to_num(est.weights), floor=0.5 / max(design.n, k))
     return replace(model, weights=weights, means=means, covs=covs, centre_cov=centre_cov)

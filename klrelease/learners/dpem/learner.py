@@ -30,9 +30,11 @@ from .design import (
     Model,
     Regions,
     cell_centres,
+    estimate,
     init_model,
     iteration_noise,
     make_design,
+    merge,
     regions,
     update,
 )
@@ -91,6 +93,28 @@ def private_pca(T: np.ndarray, design: Design, rng: np.random.Generator) -> np.n
     return vecs[:, ::-1]
 
 
+def e_step_blocks(T: np.ndarray, weights: np.ndarray, centres: np.ndarray, W: np.ndarray,
+                  logdet: np.ndarray):
+    """The E-step in blocks of rows: yields ``(start, Z, sq, R)`` with ``Z[b, j] =
+    (t_b - centre_j) W_j`` (one matrix product for every component), ``sq`` its squared
+    norms and ``R`` the responsibilities of components ``N(centre_j, (W_j W_j)^-1)``
+    (``logdet`` the log-determinants of those covariances) with weights ``weights``."""
+    k, d = centres.shape
+    logc = np.log(weights) - 0.5 * logdet
+    Wcat = np.concatenate(list(W), axis=1)  # (d, k d)
+    offset = np.einsum("ki,kij->kj", centres, W).reshape(-1)
+    for s in range(0, T.shape[0], BLOCK):
+        Z = T[s:s + BLOCK] @ Wcat
+        Z -= offset
+        Z = Z.reshape(-1, k, d)
+        sq = np.einsum("bki,bki->bk", Z, Z)
+        lg = logc - 0.5 * sq
+        lg -= lg.max(axis=1, keepdims=True)
+        R = np.exp(lg)
+        R /= R.sum(axis=1, keepdims=True)
+        yield s, Z, sq, R
+
+
 def em_statistics(T: np.ndarray, weights: np.ndarray, reg: Regions, r: float
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One E-step and the M-step statistics.
@@ -101,21 +125,10 @@ def em_statistics(T: np.ndarray, weights: np.ndarray, reg: Regions, r: float
     ``u``.
     """
     k, d = reg.centres.shape
-    logc = np.log(weights) - 0.5 * reg.logdet
-    Wcat = np.concatenate(list(reg.W), axis=1)  # (d, k d): one product for every component
-    offset = np.einsum("ki,kij->kj", reg.centres, reg.W).reshape(-1)
     n = np.zeros(k)
     A = np.zeros((k, d))
     B = np.zeros((k, d, d))
-    for s in range(0, T.shape[0], BLOCK):
-        Z = T[s:s + BLOCK] @ Wcat
-        Z -= offset
-        Z = Z.reshape(-1, k, d)  # z = (t - centre_j) W_j
-        sq = np.einsum("bki,bki->bk", Z, Z)
-        lg = logc - 0.5 * sq
-        lg -= lg.max(axis=1, keepdims=True)
-        Rb = np.exp(lg)
-        Rb /= Rb.sum(axis=1, keepdims=True)
+    for _, Z, sq, Rb in e_step_blocks(T, weights, reg.centres, reg.W, reg.logdet):
         clip = np.minimum(1.0, r / np.sqrt(np.maximum(sq, 1e-300)))
         Z *= clip[:, :, None]  # u = clip_r(z)
         n += Rb.sum(axis=0)
@@ -137,7 +150,7 @@ def _bar(progress: bool, total: int):
 
 def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
                rng: np.random.Generator, R: float, sigma_max: float,
-               sigma_min: float | None = None, iterations: int = 8,
+               sigma_min: float | None = None, iterations: int | None = None,
                progress: bool = False) -> LearnResult:
     """Certified DP-EM: a private PCA and histogram start, then EM with noisy M-steps (GDP).
 
@@ -153,7 +166,8 @@ def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
         regions and the covariance caps are measured in ``sigma_max``.
     sigma_min : smallest component standard deviation (data units; default
         ``sigma_max / 1000``): the floor of the released covariances' eigenvalues.
-    iterations : the fixed number of EM iterations (default 8).
+    iterations : the fixed number of EM iterations (default: chosen from public inputs, 6 to
+        40: the most for which the first iteration's noise stays small).
     progress : a progress bar over the iterations.
     """
     X = np.asarray(X, dtype=np.float64)
@@ -188,21 +202,32 @@ def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
                            structure_rng(master, "kmeans"))
         if bar is not None:
             bar[0].update(bar[1], advance=1)
+        m = min(n, int(design.settings["subsample"]))
+        early = T if m >= n else T[np.sort(structure_rng(master, "subsample").choice(
+            n, size=m, replace=False))]  # a public subset of the rows
+        history: list = []
         try:
             for i, s in enumerate(design.iteration_s):
-                model = _iterate(T, design, model, s, rng, diag, i,
-                                 final=i == design.iterations - 1)
+                late = i >= design.iterations - design.settings["full_iterations"]
+                model = _iterate(T if late else early, design, model, s, rng, diag, i,
+                                 final=i == design.iterations - 1, history=history)
                 if bar is not None:
                     bar[0].update(bar[1], advance=1)
         finally:
             if bar is not None:
                 bar[0].stop()
+    # the last iterations, where they agree to within their noise, combined (post-processing)
+    merged, used = merge([h[3] for h in history])
+    prev, reg, noise, _ = history[-1]
+    model = update(design, prev, reg, noise, merged)
+    diag["combined_iterations"] = used
     sc = design.scale
     return success(NAME, g, model.weights, model.means * sc, model.covs * sc**2, diag)
 
 
 def _iterate(T: np.ndarray, design: Design, model: Model, s: float,
-             rng: np.random.Generator, diag: dict, i: int, final: bool) -> Model:
+             rng: np.random.Generator, diag: dict, i: int, final: bool,
+             history: list) -> Model:
     """One iteration: regions and noise from released values, the statistics, their noisy
     release, the next mixture."""
     reg = regions(design, model)
@@ -216,12 +241,14 @@ def _iterate(T: np.ndarray, design: Design, model: Model, s: float,
          A + rng.normal(0.0, noise.mean_sd, size=(k, d)),
          (np.stack([B[j] + symmetric_gaussian(d, noise.cov_sd, rng, isometric=True)
                     for j in range(k)]) if np.isfinite(noise.cov_sd) else None)),
-        centres=reg.centres, shapes=reg.shape, radius=r, count_sd=noise.count_sd,
+        rows=len(T), centres=reg.centres, shapes=reg.shape, radius=r, count_sd=noise.count_sd,
         mean_sd=noise.mean_sd, cov_sd=noise.cov_sd)
-    diag["iterations"].append({"sensitivity": s, "mean_share": noise.mean_share,
+    diag["iterations"].append({"sensitivity": s, "rows": len(T), "mean_share": noise.mean_share,
                                "count_sd": noise.count_sd, "mean_sd": noise.mean_sd,
                                "cov_sd": noise.cov_sd})
-    return update(design, model, reg, noise, *release)
+    est = estimate(design, reg, noise, *release, n_rows=len(T))
+    history.append((model, reg, noise, est))
+    return update(design, model, reg, noise, est)
 
 
 register_learner(NAME, learn_dpem)

@@ -33,6 +33,7 @@ from ...privacy.toolbox import symmetric_gaussian
 from ...statistics import clip_to_norm
 from ..kamath.common import guarantee, structure_rng, structure_seed, success
 from ..result import LearnResult, register_learner
+from .learner import e_step_blocks
 
 __all__ = ["NAME", "learn_park_dpem", "park_ledger"]
 
@@ -58,17 +59,19 @@ def park_ledger(k: int, epsilon: float, delta: float, iterations: int
     return led.check(), rho_q
 
 
-def _e_step(T, w, means, covs):
-    k = len(w)
-    L = np.linalg.cholesky(covs)
-    lg = np.empty((T.shape[0], k))
-    for j in range(k):
-        Z = np.linalg.solve(L[j], (T - means[j]).T)
-        lg[:, j] = (math.log(w[j]) - np.sum(np.log(np.diag(L[j])))
-                    - 0.5 * np.einsum("ij,ij->j", Z, Z))
-    lg -= lg.max(axis=1, keepdims=True)
-    R = np.exp(lg)
-    return R / R.sum(axis=1, keepdims=True)
+def _statistics(T, w, means, covs):
+    """Responsibility sums, weighted sums and second moments of the rows (one E-step)."""
+    k, d = means.shape
+    vals, vecs = np.linalg.eigh(covs)
+    W = (vecs / np.sqrt(vals)[:, None, :]) @ np.swapaxes(vecs, 1, 2)
+    n, S, M = np.zeros(k), np.zeros((k, d)), np.zeros((k, d, d))
+    for s, _, _, R in e_step_blocks(T, w, means, W, np.sum(np.log(vals), axis=1)):
+        Tb = T[s:s + len(R)]
+        n += R.sum(axis=0)
+        S += R.T @ Tb
+        for j in range(k):
+            M[j] += (Tb * R[:, j, None]).T @ Tb
+    return n, S, M
 
 
 def learn_park_dpem(X, n_components: int, *, epsilon: float, delta: float,
@@ -108,13 +111,12 @@ def learn_park_dpem(X, n_components: int, *, epsilon: float, delta: float,
     with np.errstate(all="ignore"):
         T = clip_to_norm(X, ball) / ball
         for it in range(T_it):
-            Rsp = _e_step(T, w, means, covs)
+            n_j, s_j, m_j = _statistics(T, w, means, covs)
             cnt, sums, sec = released(
                 f"park-dp-em iteration {it + 1}",
-                (Rsp.sum(axis=0) + rng.normal(0.0, sd_w, size=k),
-                 Rsp.T @ T + rng.normal(0.0, sd_s, size=(k, d)),
-                 np.stack([(T * Rsp[:, [j]]).T @ T + symmetric_gaussian(d, sd_m, rng)
-                           for j in range(k)])),
+                (n_j + rng.normal(0.0, sd_w, size=k),
+                 s_j + rng.normal(0.0, sd_s, size=(k, d)),
+                 np.stack([m_j[j] + symmetric_gaussian(d, sd_m, rng) for j in range(k)])),
                 counts_sd=sd_w, sums_sd=sd_s, second_sd=sd_m)
             nk = np.maximum(cnt, 1.01)
             w = (nk + ALPHA - 1.0) / np.sum(nk + ALPHA - 1.0)

@@ -8,11 +8,12 @@ original space (TerrificRadius [PAPER] + GoodCenter-lite [PRACTICAL] + Laplace c
 none, private PCA ([PAPER], fix K7) and a terrific ball in the projected space; a found ball
 splits the node into the points inside ``B_r'`` and outside ``B_5r'``, both recursing with
 ``k_node - 1``. A leaf that would inherit its parent's bounding ball (the side outside a found
-ball, either side of a projected split) first gets a ball of its own: the heavy cell and its
-clipped mean (GoodCenter-lite's first stage [PRACTICAL]) at the public scale of one component,
-``r~ = sigma_max sqrt(d) / 2``, radius ``3 r~`` around that mean (without it the estimate
-carries noise of the size of the parent's ball, several times the data's extent); the side
-inside a found terrific ball already has one. Leaves are then estimated with PGE-lite
+ball, either side of a projected split) first gets a ball of its own: GoodCenter-lite
+[PRACTICAL] at the public scale of one component, ``r~ = sigma_max sqrt(d)`` (a heavy cell of
+side ``2 r~``, its clipped mean, then the clipped mean within ``1.5 r~`` of it), radius
+``1.5 r~`` around that centre (without it the estimate carries noise of the size of the
+parent's ball, several times the data's extent); the side inside a found terrific ball already
+has one. Leaves are then estimated with PGE-lite
 [PRACTICAL] (replaces the KLSU19 learner) in their ball, in two rounds when the first round's
 covariance can inform the second's radius (public numbers), else in one.
 The output keeps the leaves whose released count reaches ``n w_min / 4`` and, of those, the
@@ -21,8 +22,9 @@ The output keeps the leaves whose released count reaches ``n w_min / 4`` and, of
 Privacy (``KAMATH.md``): every piece is calibrated to max(substitution, add/remove)
 sensitivity; membership of a child depends only on released balls and the record itself, so
 a substitution affects at most ``2k - 3`` node invocations and 2 leaves (Lemma P). The
-worst-path ledger gives 0.7 of the budget to the nodes and 0.15 to each of two leaves (of a
-leaf's share, 0.3 to its own ball and 0.7 to PGE-lite): of
+worst-path ledger gives 0.6 of the budget to the nodes and 0.2 to each of two leaves (of a
+leaf's share, half to its own ball and half to PGE-lite; a leaf with a ball of its own gives
+PGE-lite all of it): of
 (eps, delta) under the ``basic`` accountant, of rho under ``zcdp`` (``auto`` picks the one
 with the larger per-piece budgets, from public inputs).
 Utility is not covered by the paper's theorems in this regime (``KAMATH.md``, regimes).
@@ -58,15 +60,17 @@ DOC = "klrelease/learners/kamath/KAMATH.md (PGME-lite)"
 
 #: Share of the budget for the partition's nodes; each of the two leaves on the worst path
 #: gets half the rest.
-_PARTITION = 0.7
-#: Shares of a leaf's budget (epsilon under basic, rho under zcdp): its own ball (StableHist,
-#: then the heavy cell's NoisySumCount), then PGE-lite. A leaf that has a ball of its own
-#: already (inside a found terrific ball) gives PGE-lite all of it.
-_LEAF_SHARES = {"hist": 0.15, "stage1": 0.15, "pge": 0.70}
-#: PGE-lite's ball around the leaf's own centre, in units of r~
-_LEAF_RHO = 3.0
+_PARTITION = 0.6
+#: Shares of a leaf's budget (epsilon under basic, rho under zcdp): its own ball
+#: (GoodCenter-lite: StableHist, the heavy cell's NoisySumCount, the NoisySumCount around its
+#: mean), then PGE-lite. A leaf that has a ball of its own already (inside a found terrific
+#: ball) gives PGE-lite all of it.
+_LEAF_SHARES = {"hist": 0.2, "stage1": 0.1, "stage2": 0.2, "pge": 0.5}
+#: GoodCenter-lite's averaging radius and PGE-lite's ball around the leaf's own centre, in
+#: units of r~
+_LEAF_RHO = 1.5
 #: GoodCenter-lite's r~ for a leaf's own ball, in units of sigma_max sqrt(d)
-_LEAF_SCALE = 0.5
+_LEAF_SCALE = 1.0
 
 _NODE_EPS = {
     "count": 0.04, "bb_centre": 0.06, "bb_radius": 0.10,
@@ -287,8 +291,8 @@ def learn_pgme(X, n_components: int, *, epsilon: float, delta: float,
     r_comp = _LEAF_SCALE * sigma_max * math.sqrt(d)  # public: the scale of one component
 
     def own_ball(S: np.ndarray, inherited: Ball, path: str) -> Ball:
-        """A ball of the leaf's own: the heavy cell's clipped mean at the scale of one
-        component, radius ``_LEAF_RHO r~``; the inherited ball when it releases bottom."""
+        """A ball of the leaf's own: GoodCenter-lite at the scale of one component, radius
+        ``_LEAF_RHO r~``; the inherited ball when it releases bottom."""
         lb = bud["leaf"]
         p = good_center_lite(S, r_comp, {key: lb[key] for key in ("hist", "stage1", "stage2")
                                          if key in lb}, _LEAF_RHO,
