@@ -166,13 +166,7 @@ class Release(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Release:
-
-        d = self.gmm.n_features
-        if self.feature_names and len(self.feature_names) != d:
-            raise ValueError(f"feature_names has {len(self.feature_names)} names for {d} "
-                             "features")
-        if self.randomness.secure and self.randomness.seed is not None:
-            raise ValueError("randomness: a secure release has no seed")
+        _check_names_and_seed(self)
         _check_claim(self, "artifact")
         return self
 
@@ -315,12 +309,7 @@ class LearnerRelease(BaseModel):
                                                 != SCHEMA_VERSION.split(".")[0]):
             raise ValueError(f"artifact schema {self.schema_version!r} is not readable by "
                              f"this version (schema {SCHEMA_VERSION})")
-        d = self.gmm.n_features
-        if self.feature_names and len(self.feature_names) != d:
-            raise ValueError(f"feature_names has {len(self.feature_names)} names for {d} "
-                             "features")
-        if self.randomness.secure and self.randomness.seed is not None:
-            raise ValueError("randomness: a secure run has no seed")
+        _check_names_and_seed(self)
         _check_learner_claim(self, "artifact")
         return self
 
@@ -337,6 +326,15 @@ class LearnerRelease(BaseModel):
         return (f"{self.learner}: K={g.n_components} components, d={g.n_features} features, "
                 f"epsilon={p.epsilon:g}, delta={p.delta:g}, {p.neighbouring.value} adjacency, "
                 f"{'certified' if p.certified else 'NOT certified'}")
+
+
+def _check_names_and_seed(doc) -> None:
+    """One feature name per feature; a secure document has no seed."""
+    d = doc.gmm.n_features
+    if doc.feature_names and len(doc.feature_names) != d:
+        raise ValueError(f"feature_names has {len(doc.feature_names)} names for {d} features")
+    if doc.randomness.secure and doc.randomness.seed is not None:
+        raise ValueError("randomness: a secure release has no seed")
 
 
 def _recorded_budget(diagnostics: dict) -> tuple[float, float] | None:

@@ -34,6 +34,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.stats import chi2, norm
 
+from ...mechanisms.kl_certified.design import _combine  # precision-weighted combination
 from ...privacy.ledger import Ledger, gdp_mu
 from ...privacy.projections import project_psd, project_simplex
 
@@ -358,16 +359,6 @@ def iteration_noise(design: Design, s: float, final: bool = True) -> Noise:
     if not final and nu > design.settings["early_cov_noise"] * d:
         m2, c2, f = 4.0 * r**2 / s**2, np.inf, 1.0
     return Noise(math.sqrt(m2) / r, math.sqrt(m2), math.sqrt(c2), float(f))
-
-
-def _combine(m1, C1, m2, C2):
-    """Precision-weighted combination of two estimates (batched over components)."""
-    A1 = np.linalg.pinv(C1, hermitian=True)
-    A2 = np.linalg.pinv(C2, hermitian=True)
-    C = np.linalg.pinv(A1 + A2, hermitian=True)
-    m = np.einsum("kij,kj->ki", C, np.einsum("kij,kj->ki", A1, m1)
-                  + np.einsum("kij,kj->ki", A2, m2))
-    return m, 0.5 * (C + np.swapaxes(C, -1, -2))
 
 
 def clip_correction(m: float, d: int, r: float) -> float:
