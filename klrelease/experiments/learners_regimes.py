@@ -468,7 +468,7 @@ def plot_summary(summary: list[dict], path: Path) -> None:
 
     colours = dict(zip(GRID_LEARNERS, ("tab:red", "tab:purple", "tab:blue", "tab:orange",
                                        "tab:green"), strict=True))
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 9))
     for j, setting in enumerate(("separated", "overlapping")):
         for name in GRID_LEARNERS:
             for eps, style in ((1.0, "-"), (4.0, "--")):
@@ -487,13 +487,18 @@ def plot_summary(summary: list[dict], path: Path) -> None:
                        title=f"{setting}: FAIL rate over the (k, d) cells run at each N")
         axes[1, j].set(xscale="log", yscale="log", title=f"{setting}: median mean error",
                        xlabel="N", ylabel="max matched mean error / sigma")
-        for ax in axes[:, j]:
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=7)
-    fig.text(0.5, 0.005, "PGME at N = 1e5 on the cells of PGME_1E5 only, not at 1e6; N = 1e6: "
-             "all separated cells and one overlapping cell (k = d = 2, eps = 4)",
+    handles, labels = [], []
+    for ax in axes.ravel():  # one legend below the panels: it covers no curve
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7, frameon=False,
+               bbox_to_anchor=(0.5, 0.025))
+    fig.text(0.5, 0.005, "PGME-lite at N = 1e5 on the cells of PGME_1E5 only, not at 1e6; "
+             "N = 1e6: all separated cells and one overlapping cell (k = d = 2, eps = 4)",
              ha="center", fontsize=8)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
