@@ -174,9 +174,13 @@ def list_learners(
             out_console.print(f"{n:30s} {doc[0] if doc else ''}", highlight=False)
         return
     try:
-        info = describe_learner(name)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FutureWarning)
+            info = describe_learner(name)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
+    for w in caught:  # a former name: one line
+        err_console.print(f"[bold yellow]warning:[/] {w.message}", highlight=False)
     out_console.print(f"[bold]{info['name']}[/]: {info['summary']}", highlight=False)
     out_console.print(f"relation: {info['relation']} (certified with secure noise; a seeded "
                       "run is an experiment); proof: " + info["proof"], highlight=False)
