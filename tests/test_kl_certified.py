@@ -142,8 +142,8 @@ def test_design_receives_no_private_input(iris):
     """Two neighbouring datasets fed the same released values give the same design."""
     codes = iris.codes.copy()
     codes[0] = 2
-    p, q = kr.plan(iris, None, epsilon=2, delta=1e-5), kr.plan(iris.with_labels(codes), None,
-                                                                epsilon=2, delta=1e-5)
+    kw = dict(epsilon=2, delta=1e-5, design="gaussian")
+    p, q = kr.plan(iris, None, **kw), kr.plan(iris.with_labels(codes), None, **kw)
     out = p.sample(np.random.default_rng(3))
     a, b = design.stage_c_design(p.public, out), design.stage_c_design(q.public, out)
     for key in ("pooled",):

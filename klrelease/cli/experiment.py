@@ -33,16 +33,34 @@ def _ppe_regimes(*, out: Path, quick: bool, trials: int | None) -> str:
             f"{rec['all_within_tolerance']} -> {', '.join(rec['paths'])}")
 
 
+def _certified(*, out: Path, quick: bool, trials: int | None) -> str:
+    from ..experiments.certified import run_certified
+
+    folder = run_certified(out, quick=quick, trials=trials,
+                           log=lambda line: err_console.print(line, highlight=False))
+    return f"certified -> {folder / 'results.md'}"
+
+
+def _loose_bounds(*, out: Path, quick: bool, trials: int | None) -> str:
+    from ..experiments.certified import run_loose_bounds
+
+    folder = run_loose_bounds(out, quick=quick, trials=trials,
+                              log=lambda line: err_console.print(line, highlight=False))
+    return f"loose-bounds -> {folder / 'loose_bounds.md'}"
+
+
 def _extra_experiments() -> dict:
     """Studies beyond the paper's synthetic sweeps: name -> runner returning a summary line."""
     return {"ppe-regimes": _ppe_regimes, "learners-regimes": _learners_regimes,
-            "learners-speed": _learners_speed}
+            "learners-speed": _learners_speed, "certified": _certified,
+            "loose-bounds": _loose_bounds}
 
 
 @app.command("experiment")
 def experiment_command(
     name: Annotated[str, typer.Argument(
-        help="fig1..fig13, or a study: ppe-regimes, learners-regimes, learners-speed")],
+        help="fig1..fig13, or a study: ppe-regimes, learners-regimes, learners-speed, "
+             "certified, loose-bounds")],
     quick: Annotated[bool, typer.Option("--quick", help="a reduced run for CI (seconds)")] = False,
     trials: Annotated[int | None, typer.Option("--trials", help="number of datasets")] = None,
     out: Annotated[Path, typer.Option("--out", help="parent folder of the results")] = Path(

@@ -80,6 +80,9 @@ SETTINGS = {
     "round_share": 0.35,  # stage C in two rounds: the first round's share of s_C^2
     "rounds_threshold": 0.1,  # ... when the first alone gives covariances this precise
     "round_cover": 0.1,  # second-round regions at least this x the pooled covariance
+    # response design: this x the James-Stein shrinkage (randomized response's noise is a few
+    # far rows, not Gaussian: full shrinkage would bias the many draws with little noise)
+    "response_shrink": 0.5,
 }
 
 
@@ -879,7 +882,7 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
     nu = energy(mu) / dof**2  # expected ||noise||_F^2 of each class covariance
     # James-Stein: (p - 2) sigma^2 / distance^2 with p = d(d+1)/2 free entries, nu = p sigma^2
     free = d * (d + 1) / 2.0
-    js = max(free - 2.0, 0.0) / free
+    js = s["response_shrink"] * max(free - 2.0, 0.0) / free
     covs = np.empty((K, d, d))
     for k in range(K):
         T = targets[k]

@@ -37,6 +37,7 @@ from ...domain import Domain
 from ...gmm import GMM
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
+from ...privacy.response import debiased_moments
 from ...statistics import affine_rows, clip_to_norm
 from ...warnings_ import warn_privacy
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan
@@ -698,9 +699,16 @@ class KLCertified(Mechanism):
         def estimate(m):
             from ...artifact import _check_gmm
 
-            w, mu, covs = response_estimate(m, epsilon=epsilon, n_classes=K, n_samples=N,
-                                            frame=frame, public_rows=rows)
-            return _check_gmm(GMM(w, mu, covs, classes))
+            try:
+                w, mu, covs = response_estimate(m, epsilon=epsilon, n_classes=K, n_samples=N,
+                                                frame=frame, public_rows=rows)
+                return _check_gmm(GMM(w, mu, covs, classes))
+            except (ValueError, np.linalg.LinAlgError, FloatingPointError):
+                # never fail after the labels were drawn: the released weights with the
+                # frame's centre and unit covariance (post-processing of the same output)
+                w = released_weights(debiased_moments(m, K, epsilon)[0], N, K)
+                covs = np.broadcast_to(frame.cov_to_raw(np.eye(d)), (K, d, d)).copy()
+                return GMM(w, np.broadcast_to(frame.centre, (K, d)).copy(), covs, classes)
 
         public = {"adjacency": Adjacency.LABEL_FLIP.value,
                   "adjacency_meaning": ADJACENCY_DESCRIPTIONS[Adjacency.LABEL_FLIP],
