@@ -739,8 +739,10 @@ def stage_c_design(pub: PublicInputs, output: dict) -> dict:
     P = _pooled(pub, output, n, m1, C1, m1, cover=False)
     shares = round_shares(pub, n)
     noise = class_noise(pub, n, shares[0], pub.settings["prior_divergence"] * pub.n_features)
+    # first-round regions are shaped by the pooled covariance (the public class shapes, from
+    # the rough stage-A model, cost more than they save here); they serve as shrinkage targets
+    reg = regions(pub, m1, C1, P, noise.radius)
     resp = responsibilities(pub, n, m1, P)
-    reg = regions(pub, m1, C1, P, noise.radius, shapes=public_shapes(pub, resp, m1, P))
     return {"n": n, "m1": m1, "C1": C1, "pooled": P, "regions": reg, "noise": noise,
             "shares": shares, "resp": resp}
 

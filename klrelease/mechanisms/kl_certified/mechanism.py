@@ -352,8 +352,10 @@ def _n_rows(data) -> int:
 
 #: The design rule's coefficients: log(E[KL] gaussian / E[KL] response) predicted as
 #: c0 + c1 ln eps + c2 ln N + c3 ln d + c4 ln K, fitted by least squares to both designs'
-#: E[KL] on 40 labelled datasets (d 2-30, N 100-28000, eps 0.5-8; ``experiments/certified``).
-DESIGN_RULE = (0.992, 1.9, -0.196, 0.401, -0.761)
+#: E[KL] on 40 labelled datasets (d 2-30, N 100-28000, K 2-6, eps 0.5-5; the design agreed
+#: with the better one in 79% of the 200 cells); c0 includes a margin of 0.1 toward the
+#: response design, whose E[KL] is never far above randomized response's.
+DESIGN_RULE = (0.863, 1.436, -0.248, 0.528, -0.48)
 
 
 def choose_design(epsilon: float, delta: float, n_samples: int, n_classes: int,
