@@ -131,8 +131,8 @@ def located_from(noisy: np.ndarray, window: Window, threshold: float,
     """The located frame from the second round's noisy histograms (post-processing).
 
     Counts below the threshold are set to zero (an empty bin's noise), the rest give a
-    distribution per feature: centre its median, scale its standard deviation (at least one
-    bin), and the clip box the occupied span (:func:`occupied`).
+    distribution per feature: centre its median, scale its standard deviation (at least a
+    quarter bin), and the clip box the occupied span (:func:`occupied`).
     """
     d, bins = noisy.shape
     w = window.width(bins)
@@ -151,7 +151,8 @@ def located_from(noisy: np.ndarray, window: Window, threshold: float,
             centre[j] = window.lo[j] + (k + min(max(within, 0.0), 1.0)) * w[j]
             mean = float(mass[j] @ mids[j] / tot)
             scale[j] = np.sqrt(max(float(mass[j] @ (mids[j] - mean) ** 2) / tot, 0.0))
-    scale = np.maximum(scale, w)
+    # at least a quarter bin (a bin's own spread is w / sqrt(12)): coarse bins when rows are few
+    scale = np.maximum(scale, 0.25 * w)
     scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
     return Located(centre, scale, (box.lo - centre) / scale, (box.hi - centre) / scale)
 
