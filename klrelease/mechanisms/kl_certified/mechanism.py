@@ -471,6 +471,20 @@ class KLCertified(Mechanism):
         the private rows under replace-one)."""
         return bool(public.get("classes_declared")) and not public.get("frame_from_data")
 
+    def public_guarantee(self, *, epsilon, delta, options, n_samples, n_classes, n_features):
+        """The claim of a release with declared classes (and, under replace-one, a public
+        bound): one Gaussian mechanism whose ``mu`` depends on epsilon, delta and the relation
+        only (``Budget.split``), so it is known before the data is read."""
+        relation = Adjacency(options.adjacency)
+        budget = Budget.split(epsilon, delta, SETTINGS[relation.value])
+        return Guarantee(
+            epsilon=epsilon, delta=delta, neighbouring=relation.value, certified=True,
+            statement=(f"({epsilon:g}, {delta:g})-differentially private under {relation.value}"
+                       " adjacency with declared classes. Proven in "
+                       "klrelease/mechanisms/kl_certified/kl_certified.md."),
+            reasons=ASSUMPTIONS, accounting=budget.describe(), curve=GaussianCurve(budget.mu),
+        )
+
     @blas_single_thread
     def plan(self, data: LabelledData, *, epsilon: float, delta: float,
              **options) -> KLCertifiedPlan:
