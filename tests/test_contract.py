@@ -280,6 +280,29 @@ def test_accountant_composes_gaussian_releases_tighter_than_summing():
     assert acc.total_delta_at() <= 1e-5
 
 
+def test_gaussian_releases_compose_exactly_and_agree_with_pld():
+    """The accountant composes Gaussian curves in closed form; dp_accounting's PLD accountant
+    (pessimistic) gives a delta at least as large and close to it."""
+    from dp_accounting.pld import PLDAccountant
+
+    from klrelease.privacy.guarantee import GaussianCurve
+
+    mus = [0.27, 0.27, 0.5, 0.1]
+    gs = [kr.Guarantee(1.0, 1e-5, "label-flip", True, "", curve=GaussianCurve(m)) for m in mus]
+    acc = kr.BudgetAccountant(3.0, 1e-5)
+    acc.spent = gs
+    exact = acc.total_delta_at()
+    assert exact == pytest.approx(GaussianCurve(sum(m * m for m in mus) ** 0.5).delta_at(3.0))
+    pld = PLDAccountant(value_discretization_interval=1e-4)
+    for m in mus:
+        pld.compose(dp_accounting.GaussianDpEvent(1.0 / m))
+    assert exact <= pld.get_delta(3.0) <= exact * 1.01 + 1e-15
+    # with a curve that is not known, there is no composed curve (basic composition only)
+    acc.spent = [*gs, kr.Guarantee(1.0, 1e-6, "label-flip", True, "")]
+    with pytest.raises(ValueError, match="not known"):
+        acc.total_delta_at()
+
+
 PUBLIC_CLAIM_CASES = [(name, rel) for name in mechanisms()
                       for rel in get_mechanism(name).relations]
 
