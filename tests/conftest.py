@@ -40,3 +40,135 @@ def learner_options(name, **options):
     out = {k: v for k, v in LEARNER_SCALES.get(name, {}).items() if k not in options}
     out.update({k: v for k, v in options.items() if k in known})
     return out
+
+
+# ----------------------------------------------------------------- the release service
+
+import os  # noqa: E402
+
+#: Set by .ci/run: tests that need PostgreSQL or Chromium fail instead of skipping.
+REQUIRE_SERVICES = os.environ.get("KLRELEASE_REQUIRE_SERVICES") == "1"
+
+
+def need(reason: str):
+    """Skip a test that needs a real component that is absent (fail in CI)."""
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{reason} (KLRELEASE_REQUIRE_SERVICES=1: it must run here)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_database(request):
+    """The ``--database`` of a service under test: ``None`` (SQLite in its data directory) or
+    a fresh database on the PostgreSQL server named by ``KLRELEASE_TEST_POSTGRES`` (started by
+    .ci/run), dropped afterwards."""
+    if request.param == "sqlite":
+        yield None
+        return
+    admin = os.environ.get("KLRELEASE_TEST_POSTGRES")
+    if not admin:
+        need("no PostgreSQL server: KLRELEASE_TEST_POSTGRES is not set (.ci/run starts one)")
+    import uuid
+
+    psycopg = pytest.importorskip("psycopg")
+    name = f"klrelease_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base, _, _ = admin.rpartition("/")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class ServiceProcess:
+    """``klrelease serve`` in a subprocess on 127.0.0.1 and a free port (stdout and stderr
+    kept in files), stopped by the fixture that made it."""
+
+    def __init__(self, data_dir, database=None, env=None, log_dir=None):
+        import socket
+        import sys
+        from pathlib import Path
+
+        self.data_dir, self.database = Path(data_dir), database
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        root = str(Path(__file__).resolve().parents[1])
+        extra = dict(env or {})
+        path = [p for p in (extra.pop("PYTHONPATH", None), root,
+                            os.environ.get("PYTHONPATH")) if p]
+        self.env = {**os.environ, **extra, "PYTHONPATH": os.pathsep.join(path)}
+        self.cmd = [sys.executable, "-m", "klrelease", "serve", "--data-dir", str(data_dir),
+                    "--port", str(self.port)]
+        if database is not None:
+            self.cmd += ["--database", database]
+        log_dir = Path(log_dir or data_dir)
+        self.out_path = log_dir / f"serve-{self.port}.out"
+        self.err_path = log_dir / f"serve-{self.port}.err"
+        self.proc = None
+        self.logs = []
+
+    def start(self, timeout: float = 60.0) -> "ServiceProcess":
+        import subprocess
+        import time
+
+        import httpx
+
+        out = open(self.out_path, "ab")  # noqa: SIM115 - closed in stop()
+        err = open(self.err_path, "ab")  # noqa: SIM115
+        self.logs += [out, err]
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out, stderr=err,
+                                     stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the service exited: {self.log()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/v1/health", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("the service did not start in time")
+
+    def kill(self, sig) -> None:
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        import subprocess
+
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        for fh in self.logs:
+            fh.close()
+        self.logs = []
+
+    def log(self) -> str:
+        for fh in self.logs:
+            fh.flush()
+        return "".join(p.read_text(errors="replace") for p in (self.out_path, self.err_path)
+                       if p.exists())
+
+
+@pytest.fixture
+def service_process():
+    """A factory of :class:`ServiceProcess` (each stopped when the test ends)."""
+    made = []
+
+    def start(data_dir, database=None, env=None, **kw):
+        proc = ServiceProcess(data_dir, database, env, **kw)
+        made.append(proc)
+        return proc.start()
+
+    yield start
+    for proc in made:
+        proc.stop()

@@ -200,13 +200,34 @@ def sample(
 
 
 @app.command()
-def inspect(artifact: Annotated[Path, typer.Argument(
-        help="a release artifact or a FAIL document (JSON)")]):
+def inspect(
+    artifact: Annotated[Path, typer.Argument(help="a release artifact or a FAIL document (JSON)")],
+    verify: Annotated[bool, typer.Option(
+        help="check the artifact's signature (with --key); any edit fails")] = False,
+    key: Annotated[str | None, typer.Option(
+        help="the issuing service's public key: a PEM file, or the service's URL")] = None,
+):
     """Show a readable summary of a release artifact or a FAIL document (validated; the
-    claim is recomputed)."""
+    claim is recomputed; with --verify --key, the signature checked first)."""
     from ..artifact import FailDocument, read_document
 
-    rel = read_document(artifact)
+    public_key = None
+    if verify or key is not None:
+        if key is None:
+            _fail("--verify needs --key: the service's public key (a PEM file, or the "
+                  "service's URL)")
+        try:
+            from ..client import ServiceError, public_key_from
+        except ImportError:
+            _fail("--verify needs the service extra: pip install 'klrelease[service]'")
+        try:
+            public_key = public_key_from(key)
+        except ServiceError as exc:
+            _fail(exc.detail)
+    rel = read_document(artifact, public_key=public_key)
+    if public_key is not None:
+        out_console.print(f"signature: [green]valid[/], Ed25519 key {rel.signature.key_id}",
+                          highlight=False)
     if isinstance(rel, FailDocument):
         out_console.print(f"[bold]FAIL[/] from {rel.source}  (no model released)",
                           highlight=False)
