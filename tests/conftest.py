@@ -111,17 +111,27 @@ class ServiceProcess:
         self.proc = None
         self.logs = []
 
-    def start(self, timeout: float = 60.0) -> "ServiceProcess":
+    def launch(self) -> "ServiceProcess":
+        """Start the process (without waiting for it to listen)."""
         import subprocess
-        import time
-
-        import httpx
 
         out = open(self.out_path, "ab")  # noqa: SIM115 - closed in stop()
         err = open(self.err_path, "ab")  # noqa: SIM115
         self.logs += [out, err]
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out, stderr=err,
                                      stdin=subprocess.DEVNULL)
+        return self
+
+    def start(self, timeout: float = 90.0) -> "ServiceProcess":
+        """Start the process and wait until it answers."""
+        return self.launch().ready(timeout)
+
+    def ready(self, timeout: float = 90.0) -> "ServiceProcess":
+        """Wait until the launched process answers ``/v1/health``."""
+        import time
+
+        import httpx
+
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -161,14 +171,26 @@ class ServiceProcess:
 
 @pytest.fixture
 def service_process():
-    """A factory of :class:`ServiceProcess` (each stopped when the test ends)."""
+    """A factory of started :class:`ServiceProcess` (each stopped when the test ends);
+    ``count=n`` starts n processes at once and returns them in a list."""
     made = []
 
-    def start(data_dir, database=None, env=None, **kw):
-        proc = ServiceProcess(data_dir, database, env, **kw)
-        made.append(proc)
-        return proc.start()
+    def start(data_dir, database=None, env=None, *, count=None, **kw):
+        envs = env if isinstance(env, list) else [env] * (count or 1)
+        procs = [ServiceProcess(data_dir, database, e, **kw) for e in envs]
+        made.extend(procs)
+        for proc in procs:
+            proc.launch()
+        for proc in procs:
+            proc.ready()
+        return procs if count is not None or isinstance(env, list) else procs[0]
 
     yield start
     for proc in made:
         proc.stop()
+
+
+@pytest.fixture
+def need_component():
+    """:func:`need` for test modules: skip without a real component (fail in CI)."""
+    return need
