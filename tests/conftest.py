@@ -86,7 +86,7 @@ class ServiceProcess:
     """``klrelease serve`` in a subprocess on 127.0.0.1 and a free port (stdout and stderr
     kept in files), stopped by the fixture that made it."""
 
-    def __init__(self, data_dir, database=None, env=None, log_dir=None):
+    def __init__(self, data_dir, database=None, env=None, log_dir=None, args=()):
         import socket
         import sys
         from pathlib import Path
@@ -105,7 +105,8 @@ class ServiceProcess:
                     "--port", str(self.port)]
         if database is not None:
             self.cmd += ["--database", database]
-        log_dir = Path(log_dir or data_dir)
+        self.cmd += list(args)
+        log_dir = Path(log_dir or Path(data_dir).parent)
         self.out_path = log_dir / f"serve-{self.port}.out"
         self.err_path = log_dir / f"serve-{self.port}.err"
         self.proc = None
