@@ -426,3 +426,37 @@ def test_lost_requests_of_dead_instances_only(svc):
     assert {a["request_id"] for a in lost} >= {"req-remote-silent"}
     # the budget still holds every charge (nothing is refunded)
     assert len(led.budget(ds).spent) == 3
+
+
+def test_parquet_dataset_read_by_the_workers_of_a_dask_cluster(tmp_path):
+    """A dataset registered with --dask is counted and released by the cluster's workers."""
+    distributed = pytest.importorskip("distributed")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(5)
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    for i in range(3):
+        X = rng.normal(size=(40, 2)) + 3 * (i % 2)
+        pq.write_table(pa.table({"u": X[:, 0], "v": X[:, 1],
+                                 "label": np.where(np.arange(40) % 2 == 0, "a", "b")}),
+                       folder / f"part-{i}.parquet")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster:
+        app = create_app(ServiceConfig(tmp_path / "data"))
+        with TestClient(app) as client:
+            s = Svc(client, app, tmp_path / "data")
+            reg = registration("dist", parquet=str(folder / "*.parquet"), label_column="label",
+                               classes=["a", "b"], budget_epsilon=5, budget_delta=1e-5,
+                               dask=cluster.scheduler_address)
+            assert reg["n_samples"] == 120 and reg["source"]["dask"]
+            s.ledger.add_dataset(reg)
+            tok = s.token(datasets=("dist",))
+            r = s.post(tok, "dist", epsilon=1.0, delta=1e-6)
+            assert r.status_code == 201, r.text
+            rel = kr.Release.from_json(r.text, public_key=s.key)
+            assert rel.feature_names == ["u", "v"] and rel.privacy.certified
+    with pytest.raises(ValueError, match="--parquet"):
+        registration("x", bundled="iris", budget_epsilon=1, budget_delta=1e-5,
+                     dask="tcp://127.0.0.1:1")

@@ -71,6 +71,9 @@ def dataset_add(
              "replace-one (needs --bounds or --norm-bound)")] = "label-flip",
     max_epsilon_per_request: Annotated[float | None, typer.Option(
         help="largest epsilon one request may ask for")] = None,
+    dask: Annotated[str | None, typer.Option(
+        help="with --parquet: a Dask scheduler (tcp://HOST:PORT) whose workers read the "
+             "files")] = None,
     database: Database = None,
 ):
     """Register a dataset: its public inputs and budget (reads the data once to validate every
@@ -82,7 +85,7 @@ def dataset_add(
         name, csv=csv, parquet=parquet, bundled=bundled, label_column=label_column,
         classes=parse_classes(classes), bounds=parse_bounds(bounds), norm_bound=norm_bound,
         adjacency=adjacency, budget_epsilon=budget_epsilon, budget_delta=budget_delta,
-        max_epsilon_per_request=max_epsilon_per_request)
+        max_epsilon_per_request=max_epsilon_per_request, dask=dask)
     ds = ledger.add_dataset(values)
     err_console.print(
         f"registered {ds.name}: N={ds.n_samples} rows, {ds.n_classes} classes, d={ds.n_features}"

@@ -113,10 +113,7 @@ def release(
     with warnings.catch_warnings(record=True) as caught, _dask_client(dask) as client:
         warnings.simplefilter("always")
         if client is not None:
-            from ..stream import DaskSource
-
-            data = _parquet_on_dask(data, client)
-            assert isinstance(data, DaskSource)
+            data = data.on_dask(client)
         with err_console.status(f"designing {mech.name} ..."):
             try:
                 rel = do_release(data, None, epsilon=eps, delta=dlt, mechanism=mech.name,
@@ -151,19 +148,6 @@ def _dask_client(address: str | None):
     else:
         with distributed.Client(address) as client:
             yield client
-
-
-def _parquet_on_dask(src, client):
-    """The Parquet files of ``src`` as a Dask dataframe on ``client`` (same files, same order).
-    """
-    import dask.dataframe as dd
-
-    from ..stream import DaskSource
-
-    cols = [*src.feature_names, src.label_column]
-    ddf = dd.read_parquet([str(p) for p in src.paths], columns=cols)
-    return DaskSource(ddf, label_column=src.label_column,
-                      classes=src.classes if src.classes_declared else None, client=client)
 
 
 @app.command()

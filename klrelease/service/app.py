@@ -250,7 +250,7 @@ def create_app(config: ServiceConfig | None = None, *, service: Service | None =
 
         fields = {"name", "csv", "parquet", "bundled", "label_column", "classes", "bounds",
                   "norm_bound", "adjacency", "budget_epsilon", "budget_delta",
-                  "max_epsilon_per_request"}
+                  "max_epsilon_per_request", "dask"}
         unknown = sorted(set(body) - fields)
         if unknown:
             raise ApiError(422, "invalid_request", f"unknown field(s) {', '.join(unknown)}")

@@ -1,7 +1,8 @@
 """Registering a dataset with the service, and reading it at release time.
 
 Registration is the data owner's act. It fixes the public inputs of every release of the
-dataset: where it is read (a CSV file, Parquet files, or a bundled dataset), the label column,
+dataset: where it is read (a CSV file, Parquet files, read locally or by the workers of a Dask
+cluster, or a bundled dataset), the label column,
 the declared classes, the public bound on the features (a box or a ball; required by the
 record-level relation ``replace-one``), the neighbouring relation, and the budget. It reads the
 data once, through the same chunked sources as ``klrelease release``, to validate every row
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from typing import Any
 
 from ..data import DATASETS, load_dataset, typed_classes
@@ -47,8 +49,8 @@ def registration(name: str, *, csv: str | None = None, parquet: str | None = Non
                  bundled: str | None = None, label_column: str | None = None,
                  classes=None, bounds=None, norm_bound: float | None = None,
                  adjacency: str = "label-flip", budget_epsilon: float,
-                 budget_delta: float, max_epsilon_per_request: float | None = None
-                 ) -> dict[str, Any]:
+                 budget_delta: float, max_epsilon_per_request: float | None = None,
+                 dask: str | None = None) -> dict[str, Any]:
     """Validate a registration and read the data once; the ledger row of the dataset.
 
     Raises
@@ -73,6 +75,8 @@ def registration(name: str, *, csv: str | None = None, parquet: str | None = Non
         raise ValueError("give exactly one of --csv PATH, --parquet GLOB or --bundled NAME")
     domain = Domain.from_public(bounds, norm_bound)
     if bundled is not None:
+        if dask is not None:
+            raise ValueError("--dask goes with --parquet")
         if bundled not in DATASETS:
             raise ValueError(f"unknown bundled dataset {bundled!r}; available: "
                              f"{', '.join(sorted(DATASETS))}")
@@ -95,6 +99,10 @@ def registration(name: str, *, csv: str | None = None, parquet: str | None = Non
         raw = str(csv if csv is not None else parquet)
         source = {"kind": "csv" if csv is not None else "parquet",
                   "path": os.path.abspath(os.path.expanduser(raw)), "label_column": label_column}
+        if dask is not None:
+            if parquet is None:
+                raise ValueError("--dask goes with --parquet (the workers read the files)")
+            source["dask"] = str(dask)
         src = _file_source(source, declared, domain)
         counts = src.moments().counts  # one pass: validates every row and label
         n, d, names = int(round(float(counts.sum()))), src.n_features, src.feature_names
@@ -119,7 +127,29 @@ def _file_source(source: dict, classes, domain):
     from ..stream import CSVSource, ParquetSource
 
     kind = CSVSource if source["kind"] == "csv" else ParquetSource
-    return kind(source["path"], source["label_column"], classes=classes, bounds=domain)
+    src = kind(source["path"], source["label_column"], classes=classes, bounds=domain)
+    if source.get("dask"):
+        return src.on_dask(_dask_client(source["dask"]))
+    return src
+
+
+_CLIENTS: dict[str, Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _dask_client(address: str):
+    """One ``distributed.Client`` per scheduler address in this process."""
+    try:
+        import distributed
+    except ImportError:
+        raise ValueError("a dataset read on a Dask cluster needs the dask extra: pip install "
+                         "'klrelease[dask]'") from None
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(address)
+        if client is None or client.status not in ("running", "connecting"):
+            client = distributed.Client(address, set_as_default=False, timeout=30)
+            _CLIENTS[address] = client
+        return client
 
 
 def open_source(ds: DatasetRecord):
