@@ -360,7 +360,7 @@ def test_registration_refuses_what_the_proofs_need(tmp_path):
     with pytest.raises(ValueError, match="public bound"):
         registration("x", csv=path, label_column="label", classes=["a", "b"],
                      adjacency="replace-one", budget_epsilon=1, budget_delta=1e-5)
-    with pytest.raises(ValueError, match="labels"):
+    with pytest.raises(ValueError, match="declared classes"):
         registration("x", csv=path, label_column="label", classes=["a", "c"],
                      budget_epsilon=1, budget_delta=1e-5)
     with pytest.raises(ValueError, match="name"):

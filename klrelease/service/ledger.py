@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -483,6 +484,10 @@ class Ledger:
             os.close(os.open(self.url.database, os.O_WRONLY | os.O_CREAT, 0o600))
         self.engine = _engine(self.url)
         self._now = _now_sql(self.dialect)
+        # SQLite has one writer at a time: this process's writers queue here, in order, rather
+        # than in SQLite's busy handler, which polls with growing sleeps (other processes
+        # still wait in the busy handler)
+        self._writer = threading.Lock() if self.dialect == "sqlite" else contextlib.nullcontext()
 
     def __repr__(self) -> str:
         return f"Ledger({self.url.render_as_string(hide_password=True)!r})"
@@ -494,7 +499,7 @@ class Ledger:
     @contextlib.contextmanager
     def _write(self) -> Iterator[Connection]:
         """A write transaction (SQLite: BEGIN IMMEDIATE, the database's single writer)."""
-        with self.engine.connect() as conn:
+        with self._writer, self.engine.connect() as conn:
             conn.execution_options(klrelease_immediate=True)
             with conn.begin():
                 yield conn
