@@ -460,3 +460,30 @@ def test_parquet_dataset_read_by_the_workers_of_a_dask_cluster(tmp_path):
     with pytest.raises(ValueError, match="--parquet"):
         registration("x", bundled="iris", budget_epsilon=1, budget_delta=1e-5,
                      dask="tcp://127.0.0.1:1")
+
+
+def test_token_checked_before_the_body_and_bodies_are_bounded(svc):
+    r = svc.client.post("/v1/datasets/iris/releases", content=b"{not json",
+                        headers={"Content-Type": "application/json"})
+    assert r.status_code == 401  # not 422: nothing of the body is read without a token
+    tok = svc.token()
+    big = {"epsilon": 1, "delta": 1e-6, "options": {"x": "y" * (1 << 21)}}
+    r = svc.post(tok, **big)
+    assert r.status_code == 413 and r.json()["code"] == "too_large"
+    assert svc.ledger.charge_rows(svc.ledger.dataset("iris")) == []
+
+
+def test_an_unexpected_error_is_a_500_without_details(svc, monkeypatch, caplog):
+    tok = svc.token()
+
+    def broken(*a, **k):
+        raise RuntimeError("secret detail /very/private/path")
+
+    monkeypatch.setattr(svc.ledger, "releases", broken)
+    with caplog.at_level("INFO", logger="klrelease.service"):
+        r = svc.get(tok, "/v1/datasets/iris/releases")
+    assert r.status_code == 500 and r.json() == {"detail": "internal error",
+                                                 "code": "internal"}
+    assert "RuntimeError" in caplog.text and "private" not in caplog.text
+    assert "Traceback" not in caplog.text
+    assert r.headers["content-security-policy"].startswith("default-src 'self'")

@@ -17,9 +17,10 @@ import threading
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Body, FastAPI, Request
+from fastapi import Depends, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -155,19 +156,6 @@ def create_app(config: ServiceConfig | None = None, *, service: Service | None =
         detail = exc.detail if isinstance(exc.detail, str) else "error"
         return JSONResponse({"detail": detail, "code": code}, status_code=exc.status_code)
 
-    def principal(request: Request) -> Principal:
-        p = svc.ledger.authenticate(bearer(request.headers.get("authorization")))
-        if p is None:
-            raise ApiError(401, "unauthorized", "a valid token is required "
-                           "(Authorization: Bearer TOKEN)", {"WWW-Authenticate": "Bearer"})
-        return p
-
-    def owner(request: Request) -> Principal:
-        p = principal(request)
-        if not p.owner:
-            raise ApiError(403, "forbidden", "this endpoint needs an owner token")
-        return p
-
     def granted(p: Principal, name: str) -> DatasetRecord:
         ds = svc.ledger.dataset(name)
         if ds is None and p.owner:
@@ -198,35 +186,32 @@ def create_app(config: ServiceConfig | None = None, *, service: Service | None =
 
     # ----------------------------------------------------------------- analysts
     @app.get("/v1/me")
-    def me(request: Request):
-        p = principal(request)
+    def me(p: Analyst):
         return {"name": p.name, "role": p.role,
                 "datasets": [d.name for d in svc.ledger.datasets(p)]}
 
     @app.get("/v1/datasets")
-    def list_datasets(request: Request):
-        p = principal(request)
+    def list_datasets(p: Analyst):
         return {"datasets": [described(d) for d in svc.ledger.datasets(p)]}
 
     @app.get("/v1/datasets/{name}")
-    def one_dataset(name: str, request: Request):
-        return described(granted(principal(request), name), mechanisms=True)
+    def one_dataset(name: str, p: Analyst):
+        return described(granted(p, name), mechanisms=True)
 
     @app.get("/v1/datasets/{name}/budget")
-    def budget(name: str, request: Request):
-        ds = granted(principal(request), name)
+    def budget(name: str, p: Analyst):
+        ds = granted(p, name)
         return {"dataset": ds.name, "adjacency": ds.adjacency,
                 **svc.ledger.budget(ds).as_dict()}
 
     @app.get("/v1/datasets/{name}/releases")
-    def releases(name: str, request: Request):
-        p = principal(request)
+    def releases(name: str, p: Analyst):
         ds = granted(p, name)
         return {"dataset": ds.name, "releases": svc.ledger.releases(ds, owner=p.owner)}
 
     @app.get("/v1/datasets/{name}/releases/{request_id}")
-    def artifact(name: str, request_id: str, request: Request):
-        ds = granted(principal(request), name)
+    def artifact(name: str, request_id: str, p: Analyst):
+        ds = granted(p, name)
         rec = svc.ledger.release(ds, request_id)
         if rec is None:
             raise ApiError(404, "not_found", f"no request {request_id!r} on dataset {name!r}")
@@ -237,15 +222,18 @@ def create_app(config: ServiceConfig | None = None, *, service: Service | None =
         return Response(rec["artifact"], media_type="application/json")
 
     @app.post("/v1/datasets/{name}/releases", status_code=201)
-    def make_release(name: str, request: Request, body: dict = Body(...)):  # noqa: B008
-        p = principal(request)
-        ds = granted(p, name)
-        return _respond(handle_release(svc.ledger, svc.signer, svc.instance, p, ds, body))
+    async def make_release(name: str, p: Analyst, request: Request):
+        body = await _json_body(request)
+        ds = await run_in_threadpool(granted, p, name)
+        return _respond(await run_in_threadpool(handle_release, svc.ledger, svc.signer,
+                                                svc.instance, p, ds, body))
 
     # -------------------------------------------------------------------- owner
     @app.post("/v1/datasets", status_code=201)
-    def add_dataset(request: Request, body: dict = Body(...)):  # noqa: B008
-        p = owner(request)
+    async def add_dataset(p: Owner, request: Request):
+        return await run_in_threadpool(register, p, await _json_body(request))
+
+    def register(p: Principal, body: dict):
         from .datasets import registration
 
         fields = {"name", "csv", "parquet", "bundled", "label_column", "classes", "bounds",
@@ -263,8 +251,10 @@ def create_app(config: ServiceConfig | None = None, *, service: Service | None =
         return described(ds)
 
     @app.post("/v1/tokens", status_code=201)
-    def create_token(request: Request, body: dict = Body(...)):  # noqa: B008
-        p = owner(request)
+    async def create_token(p: Owner, request: Request):
+        return await run_in_threadpool(new_token, p, await _json_body(request))
+
+    def new_token(p: Principal, body: dict):
         role, datasets = body.get("role"), body.get("datasets") or []
         name = body.get("name") or f"{role}"
         if not isinstance(datasets, list) or not isinstance(name, str) or len(name) > 64:
@@ -278,13 +268,11 @@ def create_app(config: ServiceConfig | None = None, *, service: Service | None =
         return {"id": tid, "name": name, "role": role, "datasets": datasets, "token": token}
 
     @app.get("/v1/tokens")
-    def list_tokens(request: Request):
-        owner(request)
+    def list_tokens(p: Owner):
         return {"tokens": svc.ledger.tokens()}
 
     @app.post("/v1/tokens/{token_id}/revoke")
-    def revoke(token_id: int, request: Request):
-        p = owner(request)
+    def revoke(token_id: int, p: Owner):
         try:
             svc.ledger.revoke_token(token_id, by=p)
         except ValueError as exc:
@@ -293,11 +281,44 @@ def create_app(config: ServiceConfig | None = None, *, service: Service | None =
         return {"id": token_id, "revoked": True}
 
     @app.get("/v1/audit")
-    def audit(request: Request, dataset: str | None = None):
-        owner(request)
+    def audit(p: Owner, dataset: str | None = None):
         return {"audit": svc.ledger.audit(dataset)}
 
     return app
+
+
+async def _json_body(request: Request) -> dict:
+    """The request's body as a JSON object (read only after the token was checked)."""
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(422, "invalid_request", "invalid request (the body is not JSON)"
+                       ) from None
+    if not isinstance(body, dict):
+        raise ApiError(422, "invalid_request", "invalid request (the body must be a JSON "
+                       "object)")
+    return body
+
+
+def _principal(request: Request) -> Principal:
+    """The holder of the request's token (401 without a valid one)."""
+    p = request.app.state.service.ledger.authenticate(
+        bearer(request.headers.get("authorization")))
+    if p is None:
+        raise ApiError(401, "unauthorized", "a valid token is required "
+                       "(Authorization: Bearer TOKEN)", {"WWW-Authenticate": "Bearer"})
+    return p
+
+
+def _owner(p: Annotated[Principal, Depends(_principal)]) -> Principal:
+    if not p.owner:
+        raise ApiError(403, "forbidden", "this endpoint needs an owner token")
+    return p
+
+
+# dependencies: the token is checked before the body is read (a 401 comes before a 422)
+Analyst = Annotated[Principal, Depends(_principal)]
+Owner = Annotated[Principal, Depends(_owner)]
 
 
 def _respond(out: Outcome):
@@ -313,9 +334,18 @@ def _version() -> str:
     return __version__
 
 
+#: The largest request body read (a release request is a few hundred bytes).
+MAX_BODY = 1 << 20
+
+
+class _TooLarge(Exception):
+    pass
+
+
 class _Guard:
-    """ASGI middleware: security headers on every answer, and any unexpected error becomes a
-    500 ``internal error`` answer logged by its type only (no stack trace, no message)."""
+    """ASGI middleware: security headers on every answer, request bodies of at most
+    :data:`MAX_BODY` bytes (413), and any unexpected error becomes a 500 ``internal error``
+    answer logged by its type only (no stack trace, no message)."""
 
     def __init__(self, app):
         self.app = app
@@ -325,6 +355,16 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         started = False
+        size = 0
+
+        async def limited_receive():
+            nonlocal size
+            message = await receive()
+            if message["type"] == "http.request":
+                size += len(message.get("body", b""))
+                if size > MAX_BODY:
+                    raise _TooLarge
+            return message
 
         async def guarded_send(message):
             nonlocal started
@@ -340,13 +380,23 @@ class _Guard:
                 message = {**message, "headers": headers}
             await send(message)
 
+        async def answer(status: int, detail: str, code: str) -> None:
+            body = json.dumps({"detail": detail, "code": code}).encode()
+            await guarded_send({"type": "http.response.start", "status": status,
+                                "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+
+        length = dict(scope.get("headers", [])).get(b"content-length", b"0")
+        if length.isdigit() and int(length) > MAX_BODY:
+            await answer(413, "the request body is too large", "too_large")
+            return
         try:
-            await self.app(scope, receive, guarded_send)
+            await self.app(scope, limited_receive, guarded_send)
+        except _TooLarge:
+            if not started:
+                await answer(413, "the request body is too large", "too_large")
         except Exception as exc:  # noqa: BLE001 - answered without details
             log.error("internal error in %s %s (%s)", scope.get("method"), scope.get("path"),
                       type(exc).__name__)
             if not started:
-                body = json.dumps({"detail": "internal error", "code": "internal"}).encode()
-                await guarded_send({"type": "http.response.start", "status": 500,
-                                    "headers": [(b"content-type", b"application/json")]})
-                await send({"type": "http.response.body", "body": body})
+                await answer(500, "internal error", "internal")
