@@ -384,6 +384,14 @@ def test_replace_one_dataset_releases_with_its_registered_bound(svc, tmp_path):
     rel = kr.Release.from_json(r.text, public_key=svc.key)
     assert rel.privacy.neighbouring.value == "replace-one" and rel.privacy.certified
     assert rel.options["frame"] == "the public bound"
+    svc.ledger.add_dataset(registration(
+        "ball", csv=str(_csv(tmp_path / "e.csv")), label_column="label", classes=["a", "b"],
+        adjacency="replace-one", norm_bound=10.0, budget_epsilon=5, budget_delta=1e-5))
+    assert svc.ledger.dataset("ball").bound["kind"] == "ball"
+    tok = svc.token(datasets=("ball",))
+    r = svc.post(tok, "ball", epsilon=2.0, delta=1e-6)
+    assert r.status_code == 201, r.text
+    assert kr.Release.from_json(r.text, public_key=svc.key).privacy.certified
 
 
 def test_lost_requests_of_dead_instances_only(svc):
@@ -487,3 +495,73 @@ def test_an_unexpected_error_is_a_500_without_details(svc, monkeypatch, caplog):
     assert "RuntimeError" in caplog.text and "private" not in caplog.text
     assert "Traceback" not in caplog.text
     assert r.headers["content-security-policy"].startswith("default-src 'self'")
+
+
+def test_one_signing_key_per_ledger(tmp_path):
+    """A second data directory on the same ledger needs the first one's key."""
+    import shutil
+
+    from klrelease.service.app import Service
+    from klrelease.service.signing import KEY_FILE
+
+    first = Service(ServiceConfig(tmp_path / "a"))
+    first.prepare()
+    shared = f"sqlite:///{tmp_path / 'a' / 'ledger.sqlite3'}"
+    (tmp_path / "b").mkdir()
+    with pytest.raises(ValueError, match=f"signed with key {first.signer.key_id}"):
+        Service(ServiceConfig(tmp_path / "b", shared)).prepare()
+    (tmp_path / "c").mkdir()
+    shutil.copy(tmp_path / "a" / KEY_FILE, tmp_path / "c" / KEY_FILE)
+    other = Service(ServiceConfig(tmp_path / "c", shared))
+    other.prepare()
+    assert other.signer.key_id == first.signer.key_id
+    assert first.ledger.key_ids() == [first.signer.key_id]
+
+
+def test_a_restricted_postgres_role_serves_and_cannot_rewrite_the_ledger(tmp_path,
+                                                                         need_component):
+    """After the first start (schema and triggers, by an owner role), the service runs as a
+    role with SELECT, INSERT and UPDATE only, which cannot drop or disable the triggers,
+    delete or truncate the audit log."""
+    import os
+    import uuid
+
+    admin = os.environ.get("KLRELEASE_TEST_POSTGRES")
+    if not admin:
+        need_component("no PostgreSQL server: KLRELEASE_TEST_POSTGRES is not set")
+    psycopg = pytest.importorskip("psycopg")
+    from klrelease.service.ledger import Ledger, database_url
+
+    tag = uuid.uuid4().hex[:10]
+    db, role = f"klrelease_role_{tag}", f"klrelease_svc_{tag}"
+    base = admin.rpartition("/")[0]
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{db}"')
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+    owner_url = f"{base}/{db}"
+    try:
+        first = Ledger(database_url(".", owner_url))
+        first.create_schema()
+        first.close()
+        with psycopg.connect(owner_url, autocommit=True) as conn:
+            conn.execute(f'GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO "{role}"')
+            conn.execute(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{role}"')
+        user = owner_url.partition("://")[2].partition("@")[0]
+        svc_url = owner_url.replace(f"//{user}@", f"//{role}@")
+        app = create_app(ServiceConfig(tmp_path / "data", svc_url))
+        with TestClient(app) as client:
+            s = Svc(client, app, tmp_path / "data")
+            s.ledger.add_dataset(registration("iris", bundled="iris", budget_epsilon=3.0,
+                                              budget_delta=1e-5))
+            assert s.post(s.token(), epsilon=1.0, delta=1e-6).status_code == 201
+        with psycopg.connect(svc_url, autocommit=True) as conn:
+            for sql in ("DROP TRIGGER audit_log_append_only ON audit_log",
+                        "ALTER TABLE audit_log DISABLE TRIGGER ALL", "DELETE FROM audit_log",
+                        "TRUNCATE audit_log", "UPDATE audit_log SET outcome = NULL",
+                        "ALTER TABLE charges DISABLE TRIGGER ALL", "DELETE FROM charges"):
+                with pytest.raises(psycopg.Error):
+                    conn.execute(sql)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            conn.execute(f'DROP ROLE IF EXISTS "{role}"')

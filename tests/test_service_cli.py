@@ -135,19 +135,14 @@ def test_remote_commands_and_inspect_verify(tmp_path, capsys, monkeypatch, servi
     assert json.loads((tmp_path / "again.json").read_text()) == json.loads(first)
 
 
-def test_python_client(tmp_path, service_process):
+def test_serve_demo_and_the_python_client(tmp_path, service_process):
     from klrelease.client import BudgetExceededError, Client, NotReleasedError, ServiceError
-    from klrelease.service.datadir import ledger_url
-    from klrelease.service.datasets import registration
-    from klrelease.service.ledger import Ledger
 
-    data = tmp_path / "svc"
-    led = Ledger(ledger_url(data))
-    led.create_schema()
-    led.add_dataset(registration("iris", bundled="iris", budget_epsilon=3.0,
-                                 budget_delta=1e-5))
-    token = led.create_token("analyst", "erin", ["iris"])[1]
-    server = service_process(data)
+    server = service_process(tmp_path / "demo", args=["--demo", "iris"])
+    token = server.out_path.read_text().splitlines()[0].strip()
+    assert token.startswith("klr_")
+    assert "registered the bundled dataset iris" in server.log()
+    assert "made the signing key" in server.log()
     with Client(server.url, token) as c:
         assert token not in repr(c)
         assert [d["name"] for d in c.datasets()] == ["iris"]
@@ -157,7 +152,8 @@ def test_python_client(tmp_path, service_process):
         again = c.release("iris", epsilon=1.0, delta=1e-6, request_id="py-1")
         assert again.gmm.means.tolist() == rel.gmm.means.tolist()
         assert c.budget("iris")["releases"] == 1
-        assert c.releases("iris")[0]["who"] == "erin"
+        assert c.budget("iris")["total"] == {"epsilon": 10.0, "delta": 1e-5}
+        assert c.releases("iris")[0]["who"] == "iris-analyst"
         assert c.artifact("iris", "py-1").to_json() == rel.to_json()
         with pytest.raises(BudgetExceededError) as info:
             c.release("iris", epsilon=50.0, delta=1e-6)
@@ -193,17 +189,3 @@ def test_python_client(tmp_path, service_process):
         c.datasets()
     assert info.value.status == 401
     assert NotReleasedError.__mro__[1] is ServiceError
-    led.close()
-
-
-def test_serve_demo_prints_a_token_that_releases(tmp_path, service_process):
-    from klrelease.client import Client
-
-    server = service_process(tmp_path / "demo", args=["--demo", "iris"])
-    token = server.out_path.read_text().splitlines()[0].strip()
-    assert token.startswith("klr_")
-    assert "registered the bundled dataset iris" in server.log()
-    with Client(server.url, token) as c:
-        rel = c.release("iris", epsilon=1.0, delta=1e-6)
-        assert rel.privacy.certified and c.budget("iris")["total"] == {"epsilon": 10.0,
-                                                                       "delta": 1e-5}

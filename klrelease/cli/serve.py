@@ -50,6 +50,9 @@ def serve(
     if not 0 < port < 65536:
         _fail(f"--port must lie in 1..65535, got {port}")
     service = Service(ServiceConfig(data_dir, database))
+    if service.prepare():  # a ledger signed with another key is refused here, in one line
+        err_console.print(f"made the signing key {service.signer.key_id} in "
+                          f"{Path(data_dir) / 'signing-key.pem'}", highlight=False)
     if demo is not None:
         _demo(service, demo)
     if host not in ("127.0.0.1", "localhost", "::1"):

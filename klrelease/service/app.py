@@ -79,13 +79,28 @@ class Service:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        """Schema, key (made at first start), instance, recovery of lost requests, heartbeat."""
+    def prepare(self) -> bool:
+        """The schema and the signing key (made at the first start; one key per ledger);
+        whether the key was made now.
+
+        Raises
+        ------
+        ValueError
+            If the ledger's artifacts are signed with another key.
+        """
+        if self.signer is not None:
+            return False
         self.ledger.create_schema()
-        self.signer, created = Signer.load_or_create(self.config.data_dir)
+        signer, created = Signer.load_or_create(self.config.data_dir)
         if created:
-            log.info("made the signing key %s", self.signer.key_id)
-        self.ledger.register_key(self.signer.key_id, self.signer.public_pem)
+            log.info("made the signing key %s", signer.key_id)
+        self.ledger.register_key(signer.key_id, signer.public_pem)
+        self.signer = signer
+        return created
+
+    def start(self) -> None:
+        """Schema and key, instance, recovery of lost requests, heartbeat."""
+        self.prepare()
         self.instance = self.ledger.register_instance()
         lost = self.ledger.sweep(self.instance)
         if lost:

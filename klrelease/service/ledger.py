@@ -523,19 +523,24 @@ class Ledger:
     # ----------------------------------------------------------------------- schema
     def create_schema(self) -> None:
         """Create the tables and triggers if they do not exist (safe to run concurrently)."""
+        from sqlalchemy import inspect
+
         with self._write() as conn:
             if self.dialect == "postgresql":
                 conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
+            if inspect(conn).has_table("meta"):
+                version = conn.scalar(select(meta.c.value).where(
+                    meta.c.key == "schema_version"))
+                if version == SCHEMA_VERSION:
+                    return  # made before: no DDL (the service's role may have no DDL right)
+                if version is not None:
+                    raise ValueError(f"the ledger has schema version {version}; this "
+                                     f"klrelease reads version {SCHEMA_VERSION}")
             metadata.create_all(conn)
             for ddl in (_POSTGRES_TRIGGERS if self.dialect == "postgresql"
                         else _SQLITE_TRIGGERS):
                 conn.exec_driver_sql(ddl)
-            version = conn.scalar(select(meta.c.value).where(meta.c.key == "schema_version"))
-            if version is None:
-                conn.execute(insert(meta).values(key="schema_version", value=SCHEMA_VERSION))
-            elif version != SCHEMA_VERSION:
-                raise ValueError(f"the ledger has schema version {version}; this klrelease "
-                                 f"reads version {SCHEMA_VERSION}")
+            conn.execute(insert(meta).values(key="schema_version", value=SCHEMA_VERSION))
 
     # --------------------------------------------------------------------- datasets
     def add_dataset(self, values: dict, *, by: Principal | None = None) -> DatasetRecord:
