@@ -203,6 +203,7 @@ def main() -> None:
     finally:
         stop_pg()
 
+    load_end = os.getloadavg()[0]
     stamp = datetime.now(UTC).strftime("%Y-%m-%d")
     table = ["| ledger | workload | clients | requests | per second | p50 (ms) | p99 (ms) |",
              "|---|---|---|---|---|---|---|"]
@@ -215,7 +216,8 @@ def main() -> None:
         "",
         f"Produced by `python benchmarks/bench_service.py --seconds {args.seconds:g}` on "
         f"{stamp}, on a shared {os.cpu_count()}-core machine (load average {load_avg:.1f} at "
-        f"the start): one `klrelease serve` process (one uvicorn worker) per ledger, the "
+        f"the start, {load_end:.1f} at the end: other work shared the cores): one "
+        f"`klrelease serve` process (one uvicorn worker) per ledger, the "
         f"clients threads of one process on the same machine. Python "
         f"{platform.python_version()}, SQLAlchemy {sqlalchemy.__version__}, uvicorn "
         f"{uvicorn.__version__}, SQLite {_sqlite_version()} (WAL, synchronous=FULL), "

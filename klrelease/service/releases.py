@@ -21,6 +21,7 @@ The order is the point:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -239,10 +240,7 @@ def handle_release(ledger: Ledger, signer, instance: Instance, principal: Princi
              request_id, ds.name, principal.id, principal.name, mech.name, claim.epsilon,
              claim.delta)
     try:
-        doc = signer.sign(run_release(ds, mech, opts, claim))
-        import json
-
-        text = json.dumps(doc, indent=2)
+        text = json.dumps(signer.sign(run_release(ds, mech, opts, claim)), indent=2)
     except Exception as exc:  # noqa: BLE001 - any failure after the charge keeps the charge
         ledger.settle(result.charge_id, "failed_after_charge",
                       error=f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:2000])
