@@ -565,3 +565,23 @@ def test_a_restricted_postgres_role_serves_and_cannot_rewrite_the_ledger(tmp_pat
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
             conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def test_a_charge_whose_commit_answer_is_lost_is_not_left_open(svc, monkeypatch):
+    """The charge committed but the database's answer was lost: the request answers 500, the
+    charge is settled failed (not left open while the process lives), a retry is refused."""
+    tok = svc.token()
+    real = svc.ledger.charge
+
+    def committed_then_lost(*a, **k):
+        real(*a, **k)
+        raise ConnectionError("the answer was lost")
+
+    monkeypatch.setattr(svc.ledger, "charge", committed_then_lost)
+    r = svc.post(tok, epsilon=1.0, delta=1e-6, request_id="ambiguous")
+    assert r.status_code == 500 and r.json()["code"] == "internal"
+    monkeypatch.setattr(svc.ledger, "charge", real)
+    (row,) = svc.ledger.charge_rows(svc.ledger.dataset("iris"))
+    assert row["state"] == "failed_after_charge"
+    again = svc.post(tok, epsilon=1.0, delta=1e-6, request_id="ambiguous")
+    assert again.status_code == 409 and again.json()["code"] == "request_failed"

@@ -822,6 +822,14 @@ class Ledger:
                     epsilon=r.epsilon, delta=r.delta, adjacency=r.adjacency, outcome=state))
         return bool(done)
 
+    def open_charge(self, dataset: DatasetRecord, request_id: str,
+                    instance: Instance) -> int | None:
+        """The id of the open (``charged``) charge of ``request_id`` taken by ``instance``."""
+        with self._read() as conn:
+            return conn.scalar(select(charges.c.id).where(
+                charges.c.dataset_id == dataset.id, charges.c.request_id == request_id,
+                charges.c.instance_id == instance.id, charges.c.state == "charged"))
+
     def _record(self, conn: Connection, row, *, with_artifact: bool = True) -> dict:
         actor = conn.scalar(select(tokens.c.name).where(tokens.c.id == row.token_id))
         return _record(row, actor, with_artifact)

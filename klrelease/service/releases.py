@@ -214,8 +214,12 @@ def handle_release(ledger: Ledger, signer, instance: Instance, principal: Princi
         mech, opts, claim, request_id = validate_request(ds, body)
     except ValueError as exc:
         return _error(422, "invalid_request", " ".join(str(exc).split()))
-    result = ledger.charge(ds, principal, request_id=request_id, mechanism=mech.name,
-                           options=opts.as_dict(), claim=claim, instance=instance)
+    try:
+        result = ledger.charge(ds, principal, request_id=request_id, mechanism=mech.name,
+                               options=opts.as_dict(), claim=claim, instance=instance)
+    except Exception:
+        _abandon(ledger, ds, request_id, instance)
+        raise
     where = {"Location": f"/v1/datasets/{ds.name}/releases/{request_id}",
              "X-Request-Id": request_id}
     if result.kind == "conflict":
@@ -258,6 +262,20 @@ def handle_release(ledger: Ledger, signer, instance: Instance, principal: Princi
                       "and nothing was released", request_id=request_id, state="lost")
     log.info("release %s on %s: released", request_id, ds.name)
     return Outcome(201, text=text, headers=where)
+
+
+def _abandon(ledger: Ledger, ds: DatasetRecord, request_id: str, instance: Instance) -> None:
+    """The charge transaction raised, possibly after it committed (a lost answer from the
+    database): a charge this process holds open for the request is settled as failed, so
+    that it is not left ``charged`` while this process lives. Best effort."""
+    try:
+        cid = ledger.open_charge(ds, request_id, instance)
+        if cid is not None:
+            ledger.settle(cid, "failed_after_charge", error="the charge's transaction raised "
+                          "after it committed; the release did not run")
+    except Exception as exc:  # noqa: BLE001 - the ledger is unreachable: lost at restart
+        log.warning("request %s on %s: could not settle an interrupted charge (%s)",
+                    request_id, ds.name, type(exc).__name__)
 
 
 def _existing(record: dict, where: dict[str, str]) -> Outcome:
