@@ -433,7 +433,7 @@ def test_lost_requests_of_dead_instances_only(svc):
     lost = [a for a in led.audit("iris") if a["action"] == "lost"]
     assert {a["request_id"] for a in lost} >= {"req-remote-silent"}
     # the budget still holds every charge (nothing is refunded)
-    assert len(led.budget(ds).spent) == 3
+    assert led.budget(ds).releases == 3
 
 
 def test_parquet_dataset_read_by_the_workers_of_a_dask_cluster(tmp_path):
@@ -585,3 +585,37 @@ def test_a_charge_whose_commit_answer_is_lost_is_not_left_open(svc, monkeypatch)
     assert row["state"] == "failed_after_charge"
     again = svc.post(tok, epsilon=1.0, delta=1e-6, request_id="ambiguous")
     assert again.status_code == 409 and again.json()["code"] == "request_failed"
+
+
+def test_charges_read_as_sums_decide_like_the_accountant_on_every_charge():
+    """The ledger reads a dataset's charges as sums (count, sum of eps, delta and mu^2): the
+    accountant then accepts exactly what it accepts given every charge."""
+    from klrelease.service.ledger import BudgetState
+
+    rng = np.random.default_rng(7)
+    agree = 0
+    for trial in range(300):
+        n = int(rng.integers(0, 12))
+        gaussian = trial % 4 != 0
+        eps = rng.uniform(0.05, 2.0, n + 1)
+        dlt = 10 ** rng.uniform(-9, -5, n + 1)
+        mus = rng.uniform(0.05, 0.6, n + 1)
+        gs = [kr.Guarantee(float(e), float(d), "label-flip", True, "",
+                           curve=GaussianCurve(float(m)) if gaussian else None)
+              for e, d, m in zip(eps, dlt, mus, strict=True)]
+        E, D = float(rng.uniform(0.5, 8.0)), float(10 ** rng.uniform(-7, -3))
+        full = kr.BudgetAccountant(E, D)
+        full.spent = gs[:n]
+        state = BudgetState(E, D, "label-flip", n, float(eps[:n].sum()), float(dlt[:n].sum()),
+                            float((mus[:n] ** 2).sum()) if gaussian else None)
+
+        def verdict(acc, g=gs[n]):
+            try:
+                acc.check(g)
+            except kr.BudgetExceeded:
+                return False
+            return True
+
+        assert verdict(full) == verdict(state.accountant()), trial
+        agree += verdict(full)
+    assert 30 < agree < 270  # both verdicts occur

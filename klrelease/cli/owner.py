@@ -105,7 +105,7 @@ def dataset_list(data_dir: DataDir, database: Database = None):
         frac, _ = state.fraction()
         table.add_row(ds.name, ds.adjacency, str(ds.n_samples), str(ds.n_features),
                       ",".join(map(str, ds.classes)),
-                      f"({ds.budget_epsilon:g}, {ds.budget_delta:g})", str(len(state.spent)),
+                      f"({ds.budget_epsilon:g}, {ds.budget_delta:g})", str(state.releases),
                       f"{frac:.1%}")
     out_console.print(table)
 

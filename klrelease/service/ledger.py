@@ -35,12 +35,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import socket
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +143,7 @@ charges = Table(
     Column("epsilon", Double, nullable=False),
     Column("delta", Double, nullable=False),
     Column("adjacency", String(32), nullable=False),
-    Column("curve", Text),  # JSON {"kind": "gaussian", "mu": ...} or null (basic composition)
+    Column("mu", Double),  # a Gaussian curve's whitened sensitivity; null: basic composition
     Column("statement", Text, nullable=False),
     Column("state", String(24), nullable=False),
     Column("created_at", Double, nullable=False),
@@ -190,7 +191,7 @@ _SQLITE_TRIGGERS = (
        BEGIN SELECT RAISE(ABORT, 'a charge is never deleted'); END""",
     """CREATE TRIGGER IF NOT EXISTS charges_settled_once BEFORE UPDATE ON charges
        WHEN OLD.state != 'charged' OR NEW.epsilon IS NOT OLD.epsilon
-         OR NEW.delta IS NOT OLD.delta OR NEW.curve IS NOT OLD.curve
+         OR NEW.delta IS NOT OLD.delta OR NEW.mu IS NOT OLD.mu
          OR NEW.adjacency IS NOT OLD.adjacency OR NEW.dataset_id IS NOT OLD.dataset_id
          OR NEW.request_id IS NOT OLD.request_id
        BEGIN SELECT RAISE(ABORT, 'a charge is settled once and its amount never changes'); END""",
@@ -207,7 +208,7 @@ _POSTGRES_TRIGGERS = (
        BEGIN
          IF TG_OP = 'DELETE' THEN RAISE EXCEPTION 'a charge is never deleted'; END IF;
          IF OLD.state <> 'charged' OR NEW.epsilon IS DISTINCT FROM OLD.epsilon
-            OR NEW.delta IS DISTINCT FROM OLD.delta OR NEW.curve IS DISTINCT FROM OLD.curve
+            OR NEW.delta IS DISTINCT FROM OLD.delta OR NEW.mu IS DISTINCT FROM OLD.mu
             OR NEW.adjacency IS DISTINCT FROM OLD.adjacency
             OR NEW.dataset_id IS DISTINCT FROM OLD.dataset_id
             OR NEW.request_id IS DISTINCT FROM OLD.request_id THEN
@@ -368,16 +369,33 @@ class ChargeResult:
 
 @dataclass(frozen=True)
 class BudgetState:
-    """A dataset's budget: its total and what its charges have spent."""
+    """A dataset's budget: its total and the composition of its charges.
+
+    The ledger reads the charges as sums (one row, whatever their number): their count, the
+    sums of their epsilons and deltas, and, when every charge is a Gaussian mechanism, the
+    sum of their ``mu^2``. That is exact: basic composition needs only the sums, and Gaussian
+    mechanisms compose into the Gaussian mechanism of sensitivity ``sqrt(sum mu^2)``; so the
+    charges are one claim for :class:`~klrelease.privacy.guarantee.BudgetAccountant`.
+    """
 
     total_epsilon: float
     total_delta: float
-    spent: tuple[Guarantee, ...] = field(default=())
+    adjacency: str
+    releases: int = 0
+    sum_epsilon: float = 0.0
+    sum_delta: float = 0.0
+    sum_mu2: float | None = 0.0  # None: some charge has no Gaussian curve
 
     @property
-    def basic(self) -> tuple[float, float]:
-        """Sum of the charged epsilons and deltas (basic composition)."""
-        return (sum(g.epsilon for g in self.spent), sum(g.delta for g in self.spent))
+    def spent(self) -> tuple[Guarantee, ...]:
+        """The charges composed into one claim (none if nothing was charged)."""
+        if not self.releases:
+            return ()
+        curve = None if self.sum_mu2 is None else GaussianCurve(math.sqrt(self.sum_mu2))
+        return (Guarantee(epsilon=self.sum_epsilon, delta=self.sum_delta,
+                          neighbouring=self.adjacency, certified=True,
+                          statement=f"the composition of {self.releases} charge(s)",
+                          curve=curve),)
 
     def accountant(self) -> BudgetAccountant:
         acc = BudgetAccountant(self.total_epsilon, self.total_delta)
@@ -385,12 +403,12 @@ class BudgetState:
         return acc
 
     def composed_delta(self) -> float | None:
-        """delta at the total epsilon of the composed privacy curve, ``None`` if a charge's
-        curve is not known."""
-        try:
-            return self.accountant().total_delta_at()
-        except ValueError:
+        """delta at the total epsilon of the composed curve, ``None`` without one."""
+        if not self.releases:
+            return 0.0
+        if self.sum_mu2 is None:
             return None
+        return self.accountant().total_delta_at()
 
     def fraction(self) -> tuple[float, str]:
         """The share of the budget spent and the accounting it comes from: the accounting
@@ -401,55 +419,55 @@ class BudgetState:
         ``(E, D)`` admits ``mu^2`` up to ``mu_max(E, D)^2``: the share ``sum mu^2 / mu_max^2``
         then counts releases linearly (a release of the same claim always costs the same).
         """
-        if not self.spent:
+        if not self.releases:
             return 0.0, "nothing spent"
-        eps, dlt = self.basic
         D = self.total_delta
-        best = max(eps / self.total_epsilon,
-                   dlt / D if D > 0 else (0.0 if dlt == 0 else float("inf")))
+        best = max(self.sum_epsilon / self.total_epsilon,
+                   self.sum_delta / D if D > 0 else (0.0 if self.sum_delta == 0
+                                                     else float("inf")))
         how = "basic composition"
-        if D > 0 and all(isinstance(g.curve, GaussianCurve) for g in self.spent):
+        if D > 0 and self.sum_mu2 is not None:
             from ..privacy.calibration import gaussian_max_sensitivity
 
-            share = (sum(float(g.curve.mu) ** 2 for g in self.spent)
-                     / gaussian_max_sensitivity(self.total_epsilon, D) ** 2)
+            share = self.sum_mu2 / gaussian_max_sensitivity(self.total_epsilon, D) ** 2
             if share < best:
                 best, how = share, "composed Gaussian curve"
-        elif D > 0:
-            composed = self.composed_delta()
-            if composed is not None and composed / D < best:
-                best, how = composed / D, "composed privacy curve (PLD)"
         return best, how
 
     def as_dict(self) -> dict[str, Any]:
-        eps, dlt = self.basic
-        composed = self.composed_delta() if self.spent else 0.0
         frac, how = self.fraction()
         return {
             "total": {"epsilon": self.total_epsilon, "delta": self.total_delta},
-            "releases": len(self.spent),
-            "spent": {"fraction": frac, "accounting": how, "sum_epsilon": eps, "sum_delta": dlt,
-                      "delta_at_total_epsilon": composed},
+            "releases": self.releases,
+            "spent": {"fraction": frac, "accounting": how, "sum_epsilon": self.sum_epsilon,
+                      "sum_delta": self.sum_delta,
+                      "delta_at_total_epsilon": self.composed_delta()},
             "remaining": {"fraction": max(1.0 - frac, 0.0),
-                          "basic": {"epsilon": max(self.total_epsilon - eps, 0.0),
-                                    "delta": max(self.total_delta - dlt, 0.0)}},
+                          "basic": {"epsilon": max(self.total_epsilon - self.sum_epsilon, 0.0),
+                                    "delta": max(self.total_delta - self.sum_delta, 0.0)}},
         }
 
 
-def _curve_json(g: Guarantee) -> str | None:
-    if isinstance(g.curve, GaussianCurve):
-        return json.dumps({"kind": "gaussian", "mu": float(g.curve.mu)})
-    return None  # unknown (or not serialisable): the charge composes by basic composition
+def _mu(g: Guarantee) -> float | None:
+    """The mu of a Gaussian claim; None for any other (charged by basic composition)."""
+    return float(g.curve.mu) if isinstance(g.curve, GaussianCurve) else None
 
 
-def _charged_guarantee(row) -> Guarantee:
-    curve = None
-    if row.curve:
-        spec = json.loads(row.curve)
-        if spec.get("kind") == "gaussian":
-            curve = GaussianCurve(float(spec["mu"]))
-    return Guarantee(epsilon=row.epsilon, delta=row.delta, neighbouring=row.adjacency,
-                     certified=True, statement="", curve=curve)
+def _budget_sql(dataset_id: int):
+    """One row: count, sum of epsilons, of deltas, of mu^2, and the number with a curve."""
+    from sqlalchemy import func
+
+    return select(func.count(charges.c.id), func.coalesce(func.sum(charges.c.epsilon), 0.0),
+                  func.coalesce(func.sum(charges.c.delta), 0.0),
+                  func.coalesce(func.sum(charges.c.mu * charges.c.mu), 0.0),
+                  func.count(charges.c.mu)).where(charges.c.dataset_id == dataset_id)
+
+
+def _budget_state(dataset: DatasetRecord, row) -> BudgetState:
+    n, eps, dlt, mu2, with_curve = row
+    return BudgetState(dataset.budget_epsilon, dataset.budget_delta, dataset.adjacency,
+                       int(n), float(eps), float(dlt),
+                       float(mu2) if int(with_curve) == int(n) else None)
 
 
 def request_hash(mechanism: str, epsilon: float, delta: float, options: dict) -> str:
@@ -767,17 +785,13 @@ class Ledger:
                 if seen.token_id != principal.id or seen.request_hash != fingerprint:
                     return ChargeResult("conflict")
                 return ChargeResult("existing", record=self._record(conn, seen))
-            rows = conn.execute(select(charges.c.epsilon, charges.c.delta, charges.c.adjacency,
-                                       charges.c.curve)
-                                .where(charges.c.dataset_id == dataset.id)).all()
-            state = BudgetState(dataset.budget_epsilon, dataset.budget_delta,
-                                tuple(_charged_guarantee(r) for r in rows))
+            state = _budget_state(dataset, conn.execute(_budget_sql(dataset.id)).one())
             values = dict(dataset=dataset.name, principal=principal, request_id=request_id,
                           mechanism=mechanism, epsilon=claim.epsilon, delta=claim.delta,
                           adjacency=claim.neighbouring,
                           guarantee=json.dumps({"statement": claim.statement,
                                                 "accounting": claim.accounting,
-                                                "curve": _curve_json(claim)}))
+                                                "mu": _mu(claim)}))
             try:
                 state.accountant().check(claim)
             except BudgetExceeded as exc:
@@ -793,7 +807,7 @@ class Ledger:
                 dataset_id=dataset.id, request_id=request_id, request_hash=fingerprint,
                 token_id=principal.id, instance_id=instance.id, mechanism=mechanism,
                 options=json.dumps(options, sort_keys=True), epsilon=claim.epsilon,
-                delta=claim.delta, adjacency=claim.neighbouring, curve=_curve_json(claim),
+                delta=claim.delta, adjacency=claim.neighbouring, mu=_mu(claim),
                 statement=claim.statement, state="charged",
                 created_at=self._now).returning(charges.c.id)).scalar_one()
             self._audit(conn, "charged", outcome="charged", **values)
@@ -836,11 +850,7 @@ class Ledger:
 
     def budget(self, dataset: DatasetRecord) -> BudgetState:
         with self._read() as conn:
-            rows = conn.execute(select(charges.c.epsilon, charges.c.delta, charges.c.adjacency,
-                                       charges.c.curve)
-                                .where(charges.c.dataset_id == dataset.id)).all()
-        return BudgetState(dataset.budget_epsilon, dataset.budget_delta,
-                           tuple(_charged_guarantee(r) for r in rows))
+            return _budget_state(dataset, conn.execute(_budget_sql(dataset.id)).one())
 
     def releases(self, dataset: DatasetRecord, *, owner: bool = False) -> list[dict]:
         """Every charge of ``dataset``, newest first, without artifacts (``owner``: with the
