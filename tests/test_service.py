@@ -260,9 +260,15 @@ def test_csv_dataset_releases_through_the_chunked_source(svc, tmp_path):
     rel = kr.Release.from_json(r.text, public_key=svc.key)
     assert rel.feature_names == ["f1", "f2"] and rel.privacy.certified
     assert rel.options.get("data") == "streamed in chunks"
-    # a mechanism that needs the data in memory is refused before any charge
+    # refused before any charge: a mechanism that needs the data in memory, and one that
+    # needs a public bound the dataset was registered without
     r = svc.post(tok, "csvdata", epsilon=1.0, delta=1e-6, mechanism="ppe-gaussian")
-    assert r.status_code == 422
+    assert r.status_code == 422 and "ppe-gaussian" in r.json()["detail"]
+    r = svc.post(tok, "csvdata", epsilon=1.0, delta=1e-6, mechanism="gaussian-iid")
+    assert r.status_code == 422 and "public bound" in r.json()["detail"]
+    assert len(svc.ledger.charge_rows(svc.ledger.dataset("csvdata"))) == 1
+    served = [m["name"] for m in svc.get(tok, "/v1/datasets/csvdata").json()["mechanisms"]]
+    assert served == ["kl-certified"]
 
 
 def test_basic_composition_for_a_mechanism_without_a_public_curve(svc):
@@ -384,6 +390,8 @@ def test_replace_one_dataset_releases_with_its_registered_bound(svc, tmp_path):
     rel = kr.Release.from_json(r.text, public_key=svc.key)
     assert rel.privacy.neighbouring.value == "replace-one" and rel.privacy.certified
     assert rel.options["frame"] == "the public bound"
+    r = svc.post(tok, "boxed", epsilon=2.0, delta=1e-6, mechanism="ppe-gaussian")
+    assert r.status_code == 422 and "in memory" in r.json()["detail"]
     svc.ledger.add_dataset(registration(
         "ball", csv=str(_csv(tmp_path / "e.csv")), label_column="label", classes=["a", "b"],
         adjacency="replace-one", norm_bound=10.0, budget_epsilon=5, budget_delta=1e-5))

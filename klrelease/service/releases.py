@@ -4,8 +4,11 @@ The order is the point:
 
 1. **Validate** the request from public inputs only: the mechanism, its typed options (the
    dataset's relation, classes and bound are fixed by its registration and cannot be set),
-   epsilon and delta, the per-request maximum. Only certified claims are served, and only
-   unseeded releases. Nothing is charged for a request refused here.
+   epsilon and delta, the per-request maximum. Only certified claims are served, only
+   unseeded releases, and only mechanisms that read the data in chunks; a mechanism that
+   does not state its claim before planning is served for datasets registered with a public
+   bound (every such mechanism here needs one). Nothing is charged for a request refused
+   here.
 2. **Claim.** The claim is known before the data is read: the mechanism's
    :meth:`~klrelease.mechanisms.Mechanism.public_guarantee` (with its privacy curve), or the
    claimed (epsilon, delta), composed by basic composition.
@@ -66,9 +69,7 @@ class RequestInvalid(ValueError):
 
 def public_claim(mech, epsilon: float, delta: float, options, ds: DatasetRecord) -> Guarantee:
     """The claim of a release known before its data is read (see the module's notes)."""
-    g = mech.public_guarantee(epsilon=epsilon, delta=delta, options=options,
-                              n_samples=ds.n_samples, n_classes=ds.n_classes,
-                              n_features=ds.n_features)
+    g = _stated_claim(mech, epsilon, delta, options, ds)
     if g is not None:
         return g
     certified = mech.certifies(options, {})
@@ -77,6 +78,12 @@ def public_claim(mech, epsilon: float, delta: float, options, ds: DatasetRecord)
         statement=f"({epsilon:g}, {delta:g}) claimed by {mech.name} under "
                   f"{options.adjacency.value} adjacency",
         accounting="the claimed (epsilon, delta), composed by basic composition")
+
+
+def _stated_claim(mech, epsilon, delta, options, ds: DatasetRecord) -> Guarantee | None:
+    return mech.public_guarantee(epsilon=epsilon, delta=delta, options=options,
+                                 n_samples=ds.n_samples, n_classes=ds.n_classes,
+                                 n_features=ds.n_features)
 
 
 def validate_request(ds: DatasetRecord, body: dict[str, Any]):
@@ -113,9 +120,13 @@ def validate_request(ds: DatasetRecord, body: dict[str, Any]):
             raise RequestInvalid(f"option {key} is fixed by the registration of dataset "
                                  f"{ds.name!r} and cannot be set by a request")
     opts = mech.validate_options({**options, "adjacency": ds.adjacency})
-    if ds.source.get("kind") != "bundled" and not getattr(mech, "streams", False):
-        raise RequestInvalid(f"{mech.name} needs the data in memory; this dataset is read in "
-                             "chunks (use a mechanism that streams, e.g. kl-certified)")
+    if not getattr(mech, "streams", False):
+        raise RequestInvalid(f"{mech.name} needs the data in memory; the service serves "
+                             "mechanisms that read the data in chunks (e.g. kl-certified)")
+    if ds.bound is None and _stated_claim(mech, eps, dlt, opts, ds) is None:
+        raise RequestInvalid(f"{mech.name} needs a public bound on the features and dataset "
+                             f"{ds.name!r} was registered without one (--bounds or "
+                             "--norm-bound); kl-certified needs none under label-flip")
     claim = public_claim(mech, eps, dlt, opts, ds)
     if not claim.certified or claim.neighbouring != ds.adjacency:
         raise RequestInvalid(f"{mech.name} with these options is not certified under "
