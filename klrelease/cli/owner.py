@@ -39,8 +39,13 @@ def _ledger(data_dir: Path, database: str | None, *, create: bool = False):
         from ..service.ledger import Ledger
     except ImportError:
         _fail("the service needs its extra: pip install 'klrelease[service]'")
+    from sqlalchemy.exc import SQLAlchemyError
+
     ledger = Ledger(ledger_url(data_dir, database, create=create))
-    ledger.create_schema()
+    try:
+        ledger.create_schema()
+    except SQLAlchemyError as exc:
+        _fail(f"cannot use the ledger {ledger.shown} ({type(exc).__name__})")
     return ledger
 
 

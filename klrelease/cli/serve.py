@@ -49,8 +49,14 @@ def serve(
         _fail("the service needs its extra: pip install 'klrelease[service]'")
     if not 0 < port < 65536:
         _fail(f"--port must lie in 1..65535, got {port}")
+    from sqlalchemy.exc import SQLAlchemyError
+
     service = Service(ServiceConfig(data_dir, database))
-    if service.prepare():  # a ledger signed with another key is refused here, in one line
+    try:
+        created = service.prepare()  # a ledger signed with another key is refused here
+    except SQLAlchemyError as exc:
+        _fail(f"cannot use the ledger {service.ledger.shown} ({type(exc).__name__})")
+    if created:
         err_console.print(f"made the signing key {service.signer.key_id} in "
                           f"{Path(data_dir) / 'signing-key.pem'}", highlight=False)
     if demo is not None:

@@ -508,7 +508,12 @@ class Ledger:
         self._writer = threading.Lock() if self.dialect == "sqlite" else contextlib.nullcontext()
 
     def __repr__(self) -> str:
-        return f"Ledger({self.url.render_as_string(hide_password=True)!r})"
+        return f"Ledger({self.shown!r})"
+
+    @property
+    def shown(self) -> str:
+        """The ledger's URL without its password."""
+        return self.url.render_as_string(hide_password=True)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -675,6 +680,8 @@ class Ledger:
             If the ledger already holds another key.
         """
         with self._write() as conn:
+            if self.dialect == "postgresql":  # processes starting at once: one at a time
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
             held = conn.execute(select(signing_keys)).all()
             if any(r.key_id == key_id for r in held):
                 return
