@@ -13,6 +13,11 @@ trusted: it is recomputed from the mechanism, its settings and how the noise was
 seeded release is never certified), and an artifact whose flag disagrees is refused as a
 tampered claim. The ``statement`` and ``reasons`` are explanatory text written at release
 time; they are shown as stored and not checked: the flag is what decides.
+
+An artifact issued by the release service carries a ``signature`` (Ed25519 over the rest of
+the document, :mod:`klrelease.service.signing`). ``Release.from_json(text, public_key=...)``
+checks it against a trusted public key before anything else, so that any edit, however
+consistent, is caught; artifacts without a signature load as before when no key is given.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from .gmm import GMM
 from .neighbours import Adjacency
 
 __all__ = ["Release", "FailDocument", "PrivacyBlock", "SolverBlock", "RandomnessBlock",
-           "SCHEMA_VERSION", "read_document"]
+           "SignatureBlock", "SCHEMA_VERSION", "read_document"]
 
 SCHEMA_VERSION = "2.0"
 
@@ -140,6 +145,17 @@ class RandomnessBlock(BaseModel):
     note: str = ""
 
 
+class SignatureBlock(BaseModel):
+    """The issuer's signature of the rest of the document (checked against a trusted key by
+    ``from_json(text, public_key=...)``, not on its own)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    algorithm: str
+    key_id: str
+    value: str
+
+
 class Release(BaseModel):
     """A differentially private (or, where stated, uncertified) GMM release."""
 
@@ -157,6 +173,7 @@ class Release(BaseModel):
     settings: dict[str, Any] = Field(description="the validated mechanism options")
     solver: SolverBlock | None = None
     randomness: RandomnessBlock
+    signature: SignatureBlock | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Release:
@@ -172,19 +189,19 @@ class Release(BaseModel):
 
     def to_json(self, *, indent: int | None = 2) -> str:
         """The artifact as a JSON string."""
-        return self.model_dump_json(indent=indent)
+        return self.model_dump_json(indent=indent, exclude=_unsigned(self))
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> Release:
-        """Read an artifact written by :meth:`to_json` (checks the schema version)."""
-        import json
+    def from_json(cls, text: str | bytes, *, public_key=None) -> Release:
+        """Read an artifact written by :meth:`to_json` (checks the schema version).
 
+        With ``public_key`` (PEM text, a key object, or the JSON of a service's
+        ``GET /v1/key``) the artifact must carry a signature by that key over exactly this
+        content: an unsigned, re-signed or edited artifact raises ``ValueError``.
+        """
         from pydantic import ValidationError
 
-        try:
-            doc = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ValueError("not a valid klrelease artifact (not JSON)") from None
+        doc = _parse(text, public_key)
         version = doc.get("schema_version") if isinstance(doc, dict) else None
         if not isinstance(version, str) or version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
             raise ValueError(
@@ -203,15 +220,16 @@ class Release(BaseModel):
         Path(path).write_text(self.to_json())
 
     @classmethod
-    def load(cls, path) -> Release:
-        """Read an artifact from ``path``."""
+    def load(cls, path, *, public_key=None) -> Release:
+        """Read an artifact from ``path`` (its signature checked with ``public_key``, if
+        given)."""
         from pathlib import Path
 
         try:
             text = Path(path).read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
-        return cls.from_json(text)
+        return cls.from_json(text, public_key=public_key)
 
     def summary(self) -> str:
         """A short human-readable description."""
@@ -250,6 +268,7 @@ class FailDocument(BaseModel):
     settings: dict[str, Any] = Field(default_factory=dict)
     diagnostics: dict[str, Any] = Field(default_factory=dict)
     randomness: RandomnessBlock
+    signature: SignatureBlock | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> FailDocument:
@@ -276,15 +295,16 @@ class FailDocument(BaseModel):
                 else f"learner {self.learner}")
 
 
-def read_document(path) -> Release | FailDocument:
-    """Read a release artifact or a FAIL document from ``path`` (validated).
+def read_document(path, *, public_key=None) -> Release | FailDocument:
+    """Read a release artifact or a FAIL document from ``path`` (validated; its signature
+    checked with ``public_key``, if given).
 
     Raises
     ------
     ValueError
-        One line: unreadable, not JSON, or not a valid document.
+        One line: unreadable, not JSON, not a valid document, or (with ``public_key``) not
+        signed by that key over exactly this content.
     """
-    import json
     from pathlib import Path
 
     from pydantic import ValidationError
@@ -293,10 +313,7 @@ def read_document(path) -> Release | FailDocument:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
-    try:
-        doc = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError("not a valid klrelease artifact (not JSON)") from None
+    doc = _parse(text, public_key)
     if not (isinstance(doc, dict) and doc.get("status") == "FAIL"):
         return Release.from_json(text)
     try:
@@ -330,3 +347,23 @@ def _invalid(kind: str, exc) -> str:
     where = ".".join(str(x) for x in first.get("loc", ())) or "document"
     msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
     return f"not a valid {kind} ({where}: {msg})"
+
+
+def _parse(text, public_key) -> Any:
+    """The JSON of an artifact, its signature checked first when ``public_key`` is given."""
+    import json
+
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("not a valid klrelease artifact (not JSON)") from None
+    if public_key is not None:
+        from .service.signing import verify_document
+
+        verify_document(doc, public_key)
+    return doc
+
+
+def _unsigned(doc) -> set[str] | None:
+    """Fields left out of an unsigned document's JSON (it reads as before signatures)."""
+    return {"signature"} if doc.signature is None else None

@@ -193,7 +193,7 @@ def release(
             stage=exc.stage, reason=exc.reason,
             feature_names=list(data.feature_names), privacy=privacy,
             options=p.public_options, settings=opts.as_dict(), randomness=randomness,
-        ).model_dump(mode="json", exclude={"learner", "diagnostics"})
+        ).model_dump(mode="json", exclude={"learner", "diagnostics", "signature"})
         raise
     finally:  # noise may have been drawn: the budget is spent whatever happened
         if accountant is not None:

@@ -52,6 +52,8 @@ def test_wheel_contents(wheel):
     assert "klrelease/solvers/__init__.py" in names
     assert "klrelease/solvers/backends/native.py" in names
     assert "klrelease/_data/iris.csv" in names
+    for page in ("index.html", "app.js", "style.css"):  # the service's page
+        assert f"klrelease/service/page/{page}" in names
     # every package of the source tree is in the wheel
     for init in (ROOT / "klrelease").rglob("__init__.py"):
         rel = init.relative_to(ROOT).as_posix()

@@ -113,10 +113,7 @@ def release(
     with warnings.catch_warnings(record=True) as caught, _dask_client(dask) as client:
         warnings.simplefilter("always")
         if client is not None:
-            from ..stream import DaskSource
-
-            data = _parquet_on_dask(data, client)
-            assert isinstance(data, DaskSource)
+            data = data.on_dask(client)
         with err_console.status(f"designing {mech.name} ..."):
             try:
                 rel = do_release(data, None, epsilon=eps, delta=dlt, mechanism=mech.name,
@@ -153,19 +150,6 @@ def _dask_client(address: str | None):
             yield client
 
 
-def _parquet_on_dask(src, client):
-    """The Parquet files of ``src`` as a Dask dataframe on ``client`` (same files, same order).
-    """
-    import dask.dataframe as dd
-
-    from ..stream import DaskSource
-
-    cols = [*src.feature_names, src.label_column]
-    ddf = dd.read_parquet([str(p) for p in src.paths], columns=cols)
-    return DaskSource(ddf, label_column=src.label_column,
-                      classes=src.classes if src.classes_declared else None, client=client)
-
-
 @app.command()
 def sample(
     artifact: Annotated[Path, typer.Argument(help="a release artifact (JSON)")],
@@ -200,13 +184,34 @@ def sample(
 
 
 @app.command()
-def inspect(artifact: Annotated[Path, typer.Argument(
-        help="a release artifact or a FAIL document (JSON)")]):
+def inspect(
+    artifact: Annotated[Path, typer.Argument(help="a release artifact or a FAIL document (JSON)")],
+    verify: Annotated[bool, typer.Option(
+        help="check the artifact's signature (with --key); any edit fails")] = False,
+    key: Annotated[str | None, typer.Option(
+        help="the issuing service's public key: a PEM file, or the service's URL")] = None,
+):
     """Show a readable summary of a release artifact or a FAIL document (validated; the
-    claim is recomputed)."""
+    claim is recomputed; with --verify --key, the signature checked first)."""
     from ..artifact import FailDocument, read_document
 
-    rel = read_document(artifact)
+    public_key = None
+    if verify or key is not None:
+        if key is None:
+            _fail("--verify needs --key: the service's public key (a PEM file, or the "
+                  "service's URL)")
+        try:
+            from ..client import ServiceError, public_key_from
+        except ImportError:
+            _fail("--verify needs the service extra: pip install 'klrelease[service]'")
+        try:
+            public_key = public_key_from(key)
+        except ServiceError as exc:
+            _fail(exc.detail)
+    rel = read_document(artifact, public_key=public_key)
+    if public_key is not None:
+        out_console.print(f"signature: [green]valid[/], Ed25519 key {rel.signature.key_id}",
+                          highlight=False)
     if isinstance(rel, FailDocument):
         out_console.print(f"[bold]FAIL[/] from {rel.source}  (no model released)",
                           highlight=False)

@@ -177,7 +177,7 @@ def _certified_markdown(rows, previous, draws) -> str:
         for rel in ("label-flip", "replace-one"):
             seq = [kl(ds, f"kl-certified ({rel})", e) for e in epsilons if e >= 1]
             # values within 1e-9 are equal (rounding around a KL of zero)
-            mono = all(b <= a + TIE for a, b in zip(seq, seq[1:]))
+            mono = all(b <= a + TIE for a, b in zip(seq, seq[1:], strict=False))
             verdicts.append(f"- {ds}, {rel}: E[KL] over eps >= 1 "
                             + ("non-increasing" if mono else "NOT non-increasing")
                             + f"; at eps = {epsilons[-1]:g}: {_fmt(seq[-1]) if seq else 'n/a'}")

@@ -277,6 +277,19 @@ class Mechanism(ABC):
         """
         return options.adjacency in self.certified_relations
 
+    def public_guarantee(self, *, epsilon: float, delta: float, options: MechanismOptions,
+                         n_samples: int, n_classes: int, n_features: int) -> Guarantee | None:
+        """The claim of a release from public inputs alone, before any data is read.
+
+        A budget ledger charges this claim before the data is touched, so it must be the
+        claim :meth:`plan` makes (same epsilon, delta, relation, certified flag and privacy
+        curve) for a dataset of ``n_samples`` rows, ``n_classes`` declared classes and
+        ``n_features`` features with its public bound given. ``None`` (the default) means the
+        mechanism does not know its claim before planning; a ledger then charges the claimed
+        (epsilon, delta) and composes it by basic composition.
+        """
+        return None
+
     @abstractmethod
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> Plan:
         """Design the mechanism on ``data`` (options arrive validated)."""

@@ -164,6 +164,31 @@ def _pld_accountant(guarantees: list[Guarantee]) -> PLDAccountant:
     return PLDAccountant(value_discretization_interval=1e-4 * max(1.0, spread))
 
 
+def _composed_delta(guarantees: list[Guarantee], epsilon: float) -> float | None:
+    """delta(epsilon) of the composition of ``guarantees``, or ``None`` when a curve is not
+    known.
+
+    Gaussian mechanisms compose exactly: their privacy-loss distributions are Gaussian, and
+    the composition of Gaussian mechanisms of whitened sensitivities ``mu_i`` is the Gaussian
+    mechanism of sensitivity ``sqrt(sum mu_i^2)`` (mu-GDP composes as
+    ``sqrt(sum mu_i^2)``-GDP: Dong, Roth & Su 2022), whose
+    curve is Balle & Wang's closed form. Any other mix goes through ``dp_accounting``'s PLD
+    accountant (pessimistic discretisation).
+    """
+    if not guarantees:
+        return 0.0
+    if all(g.certified and isinstance(g.curve, GaussianCurve) for g in guarantees):
+        mu = sum(float(g.curve.mu) ** 2 for g in guarantees) ** 0.5
+        return GaussianCurve(mu).delta_at(epsilon)
+    events = [g.dp_event() for g in guarantees]
+    accountant = _pld_accountant(guarantees)
+    if not all(accountant.supports(e) for e in events):
+        return None
+    for e in events:
+        accountant.compose(e)
+    return float(accountant.get_delta(epsilon))
+
+
 class BudgetExceeded(ValueError):
     """A privacy budget would be exceeded: a release refused by a :class:`BudgetAccountant`,
     or a learner's worst-path ledger above the request (public facts, raised before any data
@@ -182,7 +207,9 @@ class BudgetAccountant:
     -----
     Releases compose under one neighbouring relation. The composition is accepted when it is
     within the total by basic composition (sums of epsilons and deltas) or, when every release
-    has a known ``dp_accounting`` event, by the PLD accountant at the total epsilon.
+    has a known privacy curve, by the composed curve at the total epsilon: exactly for
+    Gaussian mechanisms (one Gaussian mechanism of sensitivity ``sqrt(sum mu_i^2)``), by
+    ``dp_accounting``'s PLD accountant otherwise.
     Only certified releases can be accounted for.
     """
 
@@ -210,13 +237,8 @@ class BudgetAccountant:
         tol = 1e-12
         if eps <= self.epsilon * (1 + tol) and dlt <= self.delta * (1 + tol) + tol:
             return True
-        events = [g.dp_event() for g in guarantees]
-        accountant = _pld_accountant(guarantees)
-        if not all(accountant.supports(e) for e in events):
-            return False
-        for e in events:
-            accountant.compose(e)
-        return accountant.get_delta(self.epsilon) <= self.delta
+        composed = _composed_delta(guarantees, self.epsilon)
+        return composed is not None and composed <= self.delta
 
     def check(self, guarantee: Guarantee) -> None:
         """Raise :class:`BudgetExceeded` if ``guarantee`` cannot be spent."""
@@ -241,8 +263,16 @@ class BudgetAccountant:
         self.spent.append(guarantee)
 
     def total_delta_at(self, epsilon: float | None = None) -> float:
-        """Delta of everything spent at ``epsilon`` (default: the total epsilon) by PLD."""
-        accountant = _pld_accountant(self.spent)
-        for g in self.spent:
-            accountant.compose(g.dp_event())
-        return float(accountant.get_delta(self.epsilon if epsilon is None else epsilon))
+        """Delta of everything spent at ``epsilon`` (default: the total epsilon), from the
+        composed privacy curve (exact for Gaussian mechanisms, else by PLD).
+
+        Raises
+        ------
+        ValueError
+            If a release's privacy curve is not known (it composes by its (epsilon, delta)).
+        """
+        composed = _composed_delta(self.spent, self.epsilon if epsilon is None else epsilon)
+        if composed is None:
+            raise ValueError("the privacy curve of a release is not known; releases compose "
+                             "by basic composition only")
+        return composed

@@ -462,6 +462,17 @@ class ParquetSource(Source):
 
     prefetch = True
 
+    def on_dask(self, client=None) -> DaskSource:
+        """The same files as a Dask dataframe read by the workers of ``client`` (same files,
+        same order, same columns, classes and bound)."""
+        import dask.dataframe as dd
+
+        cols = [*self.feature_names, self.label_column]
+        ddf = dd.read_parquet([str(p) for p in self.paths], columns=cols)
+        return DaskSource(ddf, label_column=self.label_column,
+                          classes=self.classes if self.classes_declared else None,
+                          bounds=self.bounds, norm_bound=self.norm_bound, client=client)
+
     def chunks(self):
         import pyarrow.parquet as pq
 

@@ -719,6 +719,31 @@ class KLCertified(Mechanism):
         return response_plan(data, name=self.name, epsilon=epsilon, frame=frame,
                              estimate=estimate, guarantee=guarantee, public=public)
 
+    def public_guarantee(self, *, epsilon, delta, options, n_samples, n_classes, n_features):
+        """The claim of a release with declared classes (and, under replace-one, a public
+        bound) from public inputs alone, known before the data is read: under label flip the
+        design is a function of (epsilon, delta, N, K, d) (:func:`choose_design`); the
+        response design is pure epsilon-DP, the Gaussian one a Gaussian mechanism whose ``mu``
+        depends on epsilon and delta only (``Budget.split``)."""
+        relation = Adjacency(options.adjacency)
+        design = options.design
+        if relation == Adjacency.LABEL_FLIP and design == "auto":
+            design = choose_design(epsilon, delta, n_samples, n_classes, n_features)
+        if relation == Adjacency.LABEL_FLIP and design == "response":
+            from ..baselines.randomized_response import response_guarantee
+
+            return response_guarantee(self.name, epsilon, delta, n_classes, True,
+                                      "klrelease/mechanisms/kl_certified/kl_certified.md")
+        budget = release_budget(epsilon, delta, relation, n_samples, n_features)
+        return Guarantee(
+            epsilon=epsilon, delta=delta, neighbouring=relation.value, certified=True,
+            statement=(f"({epsilon:g}, {delta:g})-differentially private under {relation.value}"
+                       " adjacency with declared classes. Proven in "
+                       "klrelease/mechanisms/kl_certified/kl_certified.md."),
+            reasons=ASSUMPTIONS, accounting=budget.describe(), curve=GaussianCurve(budget.mu),
+        )
+
+
     @blas_single_thread
     def plan(self, data: LabelledData, *, epsilon: float, delta: float,
              **options) -> KLCertifiedPlan:
