@@ -151,3 +151,38 @@ def test_response_design_beats_plain_response_with_common_noise():
     a = np.mean([kr.kl_divergence(p.finalize(o), ref) for o in outs])
     b = np.mean([kr.kl_divergence(q.finalize(o), ref) for o in outs])
     assert a < 0.7 * b, (a, b)
+
+
+def test_budget_accountant_composes_response_and_gaussian_exactly():
+    """Randomized-response and Gaussian claims compose by their exact privacy-loss
+    distributions; the delta equals dp_accounting's PLD (REPLACE_ONE: one label changed, a
+    Gaussian of whitened sensitivity mu is GaussianDpEvent(2 / mu) there)."""
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    from klrelease.privacy.guarantee import (
+        BudgetAccountant,
+        GaussianCurve,
+        Guarantee,
+        PureCurve,
+        _composed_delta,
+    )
+
+    def rr(eps, K):
+        return Guarantee(eps, 0.0, "label-flip", True, "", curve=PureCurve(
+            eps, response_dp_event(eps, K)))
+
+    gauss = Guarantee(1.0, 1e-5, "label-flip", True, "", curve=GaussianCurve(0.8))
+    pld = PLDAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE,
+                        value_discretization_interval=1e-5)
+    pld.compose(response_dp_event(1.0, 3))
+    pld.compose(response_dp_event(2.0, 2))
+    pld.compose(dp_accounting.GaussianDpEvent(2 / 0.8))
+    exact = _composed_delta([rr(1.0, 3), rr(2.0, 2), gauss], 3.5)
+    assert exact == pytest.approx(pld.get_delta(3.5), rel=1e-4)
+    # two releases at eps 1 (pure) fit a budget of (2, 0); a third does not
+    acc = BudgetAccountant(2.0, 0.0)
+    acc.spend(rr(1.0, 3))
+    acc.spend(rr(1.0, 3))
+    with pytest.raises(kr.BudgetExceeded):
+        acc.spend(rr(1.0, 3))
