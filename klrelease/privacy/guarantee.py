@@ -209,10 +209,10 @@ def _composed_delta(guarantees: list[Guarantee], epsilon: float) -> float | None
                         nxt[key] = nxt.get(key, 0.0) + pa * pb
                 losses = nxt
             if mu > 0:
-                return float(min(1.0, sum(pl * GaussianCurve(mu).delta_at(epsilon - l)
-                                          for l, pl in losses.items() if pl > 0)))
-            return float(sum(pl * max(0.0, 1.0 - np.exp(min(epsilon - l, 700.0)))
-                             for l, pl in losses.items() if pl > 0))
+                return float(min(1.0, sum(pl * GaussianCurve(mu).delta_at(epsilon - loss)
+                                          for loss, pl in losses.items() if pl > 0)))
+            return float(sum(pl * max(0.0, 1.0 - np.exp(min(epsilon - loss, 700.0)))
+                             for loss, pl in losses.items() if pl > 0))
     events = [g.dp_event() for g in guarantees]
     accountant = _pld_accountant(guarantees)
     if not all(accountant.supports(e) for e in events):
