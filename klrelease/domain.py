@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .rows import clip_to_bounds, clip_to_norm
+
 __all__ = ["Domain"]
 
 #: Where a domain comes from, as recorded in artifacts.
@@ -194,8 +196,6 @@ class Domain:
     def clip(self, X: np.ndarray) -> np.ndarray:
         """Rows moved into the domain (per-record clipping: a box clips each feature, a ball
         scales a row onto it)."""
-        from .statistics import clip_to_bounds, clip_to_norm
-
         if self.kind == "box":
             return clip_to_bounds(X, self.lower, self.upper)
         return clip_to_norm(X, self.radius)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..statistics import class_blocks, column_sums
+from ..rows import class_blocks, column_sums
 
 __all__ = ["ClassMoments", "chunk_moments", "class_sums", "bounded_class_moments",
            "pooled_moments", "RowMap"]

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data import _encode_labels, typed_classes
-from ..statistics import column_sums
+from ..rows import column_sums
 from .moments import (
     ClassMoments,
     RowMap,
