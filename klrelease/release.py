@@ -142,7 +142,7 @@ def release(
         The privacy parameters (epsilon > 0, 0 < delta < 1).
     mechanism : str
         A name from :func:`klrelease.mechanisms`.
-    seed : int, optional
+    seed : int, numpy Generator or RandomState, optional
         Reproducible noise for experiments. Without it (the default) the noise comes from a
         cryptographically secure generator; a seeded release is marked ``secure=False``.
     classes : sequence, optional

@@ -1,12 +1,14 @@
 """Inputs that are not what they look like are refused with a clear error before any noise is
 drawn: booleans or text as privacy parameters, complex features, labels of mixed types."""
 
+import warnings
 
 import numpy as np
 import pytest
 
 import klrelease as kr
 from klrelease.stream import ArraySource
+from klrelease.warnings_ import PrivacyLeakWarning
 
 
 def _data():
@@ -57,3 +59,26 @@ def test_declared_classes_decide_how_mixed_labels_are_read():
     mixed = [1 if v else "a" for v in y % 2]
     rel = kr.release(X, mixed, classes=[1, "a"], epsilon=1.0, delta=1e-5)
     assert rel.gmm.classes == ("1", "a")  # the declaration is text: labels read as text
+
+
+@pytest.mark.parametrize("state", [np.random.RandomState(0), 0, np.random.default_rng(0)])
+def test_gmm_releaser_takes_scikit_learn_random_states(state):
+    X, y = _data()
+    with pytest.warns(PrivacyLeakWarning, match="seeded"):
+        est = kr.GMMReleaser(1.0, 1e-5, classes=[0, 1, 2], random_state=state).fit(X, y)
+    assert not est.release_.privacy.certified
+    assert est.release_.randomness.secure is False
+
+
+def test_a_random_state_instance_reproduces_and_advances():
+    X, y = _data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyLeakWarning)
+        a = kr.GMMReleaser(classes=[0, 1, 2], random_state=np.random.RandomState(3)).fit(X, y)
+        b = kr.GMMReleaser(classes=[0, 1, 2], random_state=np.random.RandomState(3)).fit(X, y)
+        rs = np.random.RandomState(3)
+        c = kr.GMMReleaser(classes=[0, 1, 2], random_state=rs).fit(X, y)
+        d = kr.GMMReleaser(classes=[0, 1, 2], random_state=rs).fit(X, y)
+    np.testing.assert_array_equal(a.means_, b.means_)
+    np.testing.assert_array_equal(a.means_, c.means_)
+    assert not np.array_equal(c.means_, d.means_)
