@@ -153,8 +153,20 @@ def _lookup_codes(y: np.ndarray, classes: np.ndarray) -> np.ndarray | None:
 def typed_classes(classes) -> tuple:
     """The declared classes, typed by the declaration alone, the same way for arrays, chunked
     sources and the CLI: integers when every one reads as an integer (``3``, ``3.0``, ``"3"``,
-    ``" 03"``); numbers when every one is a number (``0.5``); else text."""
-    classes = list(classes)
+    ``" 03"``); numbers when every one is a number (``0.5``); else text.
+
+    Raises
+    ------
+    ValueError
+        If ``classes`` is a single string or declares no class.
+    """
+    if isinstance(classes, (str, bytes)):
+        raise ValueError("classes must be a list of labels, not one string")
+    classes = list(np.asarray(classes, dtype=object).ravel()) if isinstance(
+        classes, np.ndarray) else list(classes)
+    if not classes:
+        raise ValueError("classes must be a non-empty list of labels: the public set of "
+                         "classes, at least two")
     numbers = all(isinstance(c, (int, float, np.integer, np.floating))
                   and not isinstance(c, (bool, np.bool_)) for c in classes)
     if numbers:
