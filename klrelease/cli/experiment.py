@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -39,17 +41,43 @@ def _extra_experiments() -> dict:
             "learners-speed": _learners_speed}
 
 
+@contextlib.contextmanager
+def no_empty_folders(out: Path):
+    """Folders under ``out`` (and ``out`` itself) that the block creates are removed if it
+    fails or is interrupted while they are still empty: an interrupted experiment leaves no
+    empty results folder. Files are never removed."""
+    out = Path(out)
+    before = {p for p in out.rglob("*") if p.is_dir()} if out.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        if before is not None or out.is_dir():
+            new = [p for p in out.rglob("*") if p.is_dir() and p not in (before or set())]
+            if before is None:
+                new.append(out)
+            for p in sorted(new, key=lambda q: len(q.parts), reverse=True):  # deepest first
+                with contextlib.suppress(OSError):
+                    os.rmdir(p)  # only if empty
+        raise
+
+
 @app.command("experiment")
 def experiment_command(
     name: Annotated[str, typer.Argument(
         help="fig1..fig13, or a study: ppe-regimes, learners-regimes, learners-speed")],
-    quick: Annotated[bool, typer.Option("--quick", help="a reduced run for CI (seconds)")] = False,
+    quick: Annotated[bool, typer.Option("--quick", metavar="",
+                                        help="a reduced run for CI (seconds)")] = False,
     trials: Annotated[int | None, typer.Option("--trials", help="number of datasets")] = None,
     out: Annotated[Path, typer.Option("--out", help="parent folder of the results")] = Path(
         "experiments"),
     jobs: Annotated[int, typer.Option("--jobs", help="worker processes over trials")] = 1,
 ):
     """Reproduce one of the paper's figures, or a study: CSV of every trial, PNG and JSON."""
+    with no_empty_folders(out):
+        _run(name, quick, trials, out, jobs)
+
+
+def _run(name: str, quick: bool, trials: int | None, out: Path, jobs: int) -> None:
     extra = _extra_experiments()
     if name in extra:
         err_console.print(extra[name](out=out, quick=quick, trials=trials))
