@@ -149,3 +149,23 @@ def test_help_shows_no_boolean_metavar_for_flags():
     r = run(["experiment", "--help"], None, env={**os.environ, "COLUMNS": "100"})
     quick = [line for line in r.stdout.splitlines() if "--quick" in line]
     assert quick and "<bool>" not in quick[0]
+
+
+def test_the_readme_csv_example_declares_its_classes_and_is_certified(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from klrelease.artifact import Release
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    lines = text.replace("\\\n", " ").splitlines()
+    csv = [ln for ln in lines if ln.startswith("klrelease release --csv data.csv")]
+    assert csv and all("--classes a,b,c" in ln for ln in csv)
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    with open("data.csv", "w") as fh:
+        fh.write("f0,f1,class\n")
+        for i in range(60):
+            fh.write(f"{rng.normal()},{rng.normal()},{'abc'[i % 3]}\n")
+    args = csv[0].split("#")[0].split()[1:]
+    assert main(args) == 0
+    assert Release.load(tmp_path / "r.json").privacy.certified
