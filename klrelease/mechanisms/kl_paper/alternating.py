@@ -60,6 +60,23 @@ class PaperDesign:
         return self.eps0 + float(np.max(self.eps_k + self.wishart_costs))
 
 
+def check_invertible(covariances: np.ndarray) -> None:
+    """Refuse class covariances that are singular to working precision (numerical rank below
+    d: the smallest eigenvalue at most ``d * eps`` times the largest, as ``matrix_rank``
+    decides). Algorithm 1 uses their inverses; the message names no class and no value."""
+    d = covariances.shape[-1]
+    with np.errstate(all="ignore"):
+        w = np.linalg.eigvalsh(0.5 * (covariances + covariances.swapaxes(-1, -2)))
+    top = w[..., -1]
+    if not np.all(np.isfinite(w)) or np.any(w[..., 0] <= top * d * np.finfo(float).eps) \
+            or np.any(top <= 0):
+        raise ValueError(
+            "kl-paper needs every class covariance to be invertible (Algorithm 1 uses its "
+            "inverse), and one is singular: a feature is constant within a class, or a "
+            "class's rows span fewer dimensions than there are features (duplicated rows); "
+            "drop such features, or use kl-certified, which has no such requirement")
+
+
 def design_kl_paper(
     X,
     codes: np.ndarray | None,
@@ -84,6 +101,7 @@ def design_kl_paper(
     """
     K, d, N = stats.n_classes, stats.n_features, stats.n_samples
     counts = stats.counts.astype(float)
+    check_invertible(stats.covariances)
     sigma_inv = np.linalg.inv(stats.covariances)
     sigma_inv = 0.5 * (sigma_inv + sigma_inv.transpose(0, 2, 1))
     tr_sinv = np.einsum("kii->k", sigma_inv)
