@@ -45,3 +45,20 @@ def test_colored_gaussian_on_twenty_breast_cancer_features_takes_seconds():
     assert p.solver.solver == "native" and p.solver.status == "optimal"  # no fallback
     assert time.perf_counter() - t0 < 60  # 1.1 s measured; over ten minutes before
 
+
+def test_the_initial_working_set_holds_each_duplicated_row_once():
+    """1e5 rows drawn from 30 points: the initial set's criteria pick indices (argpartition's
+    order among tied copies is implementation-defined: numpy 2.4 returned a late copy of the
+    row whose first copy the principal-direction extremes picked), so it held two copies of
+    four points and the working set 31 rows for 30 points. Copies are now dropped by value."""
+    from klrelease.solvers.canonical import canonicalise, whitened_frame
+    from klrelease.solvers.reduction import initial_working_set
+
+    rng = np.random.default_rng(11)
+    points = rng.normal(size=(30, 20))
+    V = points[rng.integers(0, 30, 100_000)]
+    frame = whitened_frame(canonicalise(np.eye(20), V))
+    rows = np.flatnonzero(frame.sq_norms > 0)
+    working = initial_working_set(frame.U, rows, frame.sq_norms)
+    assert len(np.unique(frame.U[working], axis=0)) == len(working)
+    assert np.linalg.matrix_rank(frame.U[working]) == 20
