@@ -1,4 +1,9 @@
-"""``klrelease experiment NAME [--quick] [--trials T] [--out DIR] [--jobs J]``."""
+"""``klrelease experiment NAME [--quick] [--trials T] [--out DIR] [--jobs J]``.
+
+Every study of the project runs from here, its library code in :mod:`klrelease.experiments`,
+its results under ``OUT/NAME/`` (``experiments/`` by default): the paper's figures and the
+studies listed by :func:`_extra_experiments`.
+"""
 
 from __future__ import annotations
 
@@ -9,25 +14,25 @@ from typing import Annotated
 
 import typer
 
-from .app import app, err_console
+from .app import _fail, app, err_console
 
 __all__ = ["experiment_command"]
 
 
-def _learners_regimes(*, out: Path, quick: bool, trials: int | None) -> str:
+def _learners_regimes(*, out: Path, quick: bool, trials: int | None, **_) -> str:
     from ..experiments.learners_regimes import run_learners_regimes
 
     run_learners_regimes(out, quick=quick, trials=trials)
     return f"learners-regimes -> {out / 'learners_regimes'}"
 
 
-def _learners_speed(*, out: Path, quick: bool, trials: int | None) -> str:
+def _learners_speed(*, out: Path, quick: bool, trials: int | None, **_) -> str:
     from ..experiments.learners_regimes import run_speed_check
 
     return str(run_speed_check(out))
 
 
-def _ppe_regimes(*, out: Path, quick: bool, trials: int | None) -> str:
+def _ppe_regimes(*, out: Path, quick: bool, trials: int | None, **_) -> str:
     from ..experiments.ppe_regimes import run_ppe_regimes
 
     rec = run_ppe_regimes(quick=quick, out=out, reps=trials)
@@ -35,10 +40,23 @@ def _ppe_regimes(*, out: Path, quick: bool, trials: int | None) -> str:
             f"{rec['all_within_tolerance']} -> {', '.join(rec['paths'])}")
 
 
+def _solver_study(*, out: Path, quick: bool, trials: int | None,
+                  time_limit: float | None = None, **_) -> str:
+    from ..experiments.solver_study import run_solver_study
+
+    folder = run_solver_study(out, quick=quick, time_limit=time_limit,
+                              log=lambda line: err_console.print(line, highlight=False))
+    return f"solver-study -> {folder}"
+
+
 def _extra_experiments() -> dict:
     """Studies beyond the paper's synthetic sweeps: name -> runner returning a summary line."""
     return {"ppe-regimes": _ppe_regimes, "learners-regimes": _learners_regimes,
-            "learners-speed": _learners_speed}
+            "learners-speed": _learners_speed, "solver-study": _solver_study}
+
+
+#: Options that only some studies take: option -> the studies that take it.
+STUDY_OPTIONS = {"--time-limit": ("solver-study",)}
 
 
 def report_outcomes(rows: list[dict]) -> None:
@@ -78,23 +96,31 @@ def no_empty_folders(out: Path):
 @app.command("experiment")
 def experiment_command(
     name: Annotated[str, typer.Argument(
-        help="fig1..fig13, or a study: ppe-regimes, learners-regimes, learners-speed")],
+        help="fig1..fig13, or a study: ppe-regimes, learners-regimes, learners-speed, "
+             "solver-study")],
     quick: Annotated[bool, typer.Option("--quick", metavar="",
                                         help="a reduced run for CI (seconds)")] = False,
     trials: Annotated[int | None, typer.Option("--trials", help="number of datasets")] = None,
     out: Annotated[Path, typer.Option("--out", help="parent folder of the results")] = Path(
         "experiments"),
     jobs: Annotated[int, typer.Option("--jobs", help="worker processes over trials")] = 1,
+    time_limit: Annotated[float | None, typer.Option(
+        "--time-limit", help="solver-study: seconds per solve (default 60, 10 with --quick)")
+    ] = None,
 ):
     """Reproduce one of the paper's figures, or a study: CSV of every trial, PNG and JSON."""
+    given = {"--time-limit": time_limit}
+    for option, value in given.items():
+        if value is not None and name not in STUDY_OPTIONS[option]:
+            _fail(f"{option} goes with {', '.join(STUDY_OPTIONS[option])}, not {name}")
     with no_empty_folders(out):
-        _run(name, quick, trials, out, jobs)
+        _run(name, quick, trials, out, jobs, time_limit=time_limit)
 
 
-def _run(name: str, quick: bool, trials: int | None, out: Path, jobs: int) -> None:
+def _run(name: str, quick: bool, trials: int | None, out: Path, jobs: int, **study) -> None:
     extra = _extra_experiments()
     if name in extra:
-        err_console.print(extra[name](out=out, quick=quick, trials=trials))
+        err_console.print(extra[name](out=out, quick=quick, trials=trials, **study))
         return
     from ..experiments.real import REAL_EXPERIMENTS, run_real_experiment
     from ..experiments.run import run_experiment
