@@ -49,14 +49,25 @@ def _solver_study(*, out: Path, quick: bool, trials: int | None,
     return f"solver-study -> {folder}"
 
 
+def _certified(*, out: Path, quick: bool, trials: int | None, draws: int | None = None,
+               **_) -> str:
+    from ..experiments.certified import run_certified_study
+
+    n = draws if draws is not None else (5 if quick else 200)
+    folder = run_certified_study(out, draws=n,
+                                 log=lambda line: err_console.print(line, highlight=False))
+    return f"certified -> {folder}"
+
+
 def _extra_experiments() -> dict:
     """Studies beyond the paper's synthetic sweeps: name -> runner returning a summary line."""
     return {"ppe-regimes": _ppe_regimes, "learners-regimes": _learners_regimes,
-            "learners-speed": _learners_speed, "solver-study": _solver_study}
+            "learners-speed": _learners_speed, "solver-study": _solver_study,
+            "certified": _certified}
 
 
 #: Options that only some studies take: option -> the studies that take it.
-STUDY_OPTIONS = {"--time-limit": ("solver-study",)}
+STUDY_OPTIONS = {"--time-limit": ("solver-study",), "--draws": ("certified",)}
 
 
 def report_outcomes(rows: list[dict]) -> None:
@@ -97,7 +108,7 @@ def no_empty_folders(out: Path):
 def experiment_command(
     name: Annotated[str, typer.Argument(
         help="fig1..fig13, or a study: ppe-regimes, learners-regimes, learners-speed, "
-             "solver-study")],
+             "solver-study, certified")],
     quick: Annotated[bool, typer.Option("--quick", metavar="",
                                         help="a reduced run for CI (seconds)")] = False,
     trials: Annotated[int | None, typer.Option("--trials", help="number of datasets")] = None,
@@ -107,14 +118,17 @@ def experiment_command(
     time_limit: Annotated[float | None, typer.Option(
         "--time-limit", help="solver-study: seconds per solve (default 60, 10 with --quick)")
     ] = None,
+    draws: Annotated[int | None, typer.Option(
+        "--draws", help="certified: Monte Carlo draws per cell (default 200, 5 with --quick)")
+    ] = None,
 ):
     """Reproduce one of the paper's figures, or a study: CSV of every trial, PNG and JSON."""
-    given = {"--time-limit": time_limit}
+    given = {"--time-limit": time_limit, "--draws": draws}
     for option, value in given.items():
         if value is not None and name not in STUDY_OPTIONS[option]:
             _fail(f"{option} goes with {', '.join(STUDY_OPTIONS[option])}, not {name}")
     with no_empty_folders(out):
-        _run(name, quick, trials, out, jobs, time_limit=time_limit)
+        _run(name, quick, trials, out, jobs, time_limit=time_limit, draws=draws)
 
 
 def _run(name: str, quick: bool, trials: int | None, out: Path, jobs: int, **study) -> None:
