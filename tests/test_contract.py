@@ -421,7 +421,7 @@ def test_cli_declares_classes(tmp_path, capsys):
                "--classes", "2,0,1", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     assert set(Release.load(out).gmm.classes) == {0, 1, 2}
-    rc, out = _release_cli(tmp_path, "--classes", "a,b")
+    rc, out = _release_cli(tmp_path, "--classes", "a,b", "--force")
     assert rc == 2 and "bundled dataset declares its classes" in capsys.readouterr().err
 
 
