@@ -37,3 +37,28 @@ def test_private_accumulations_raise_no_floating_point_warning():
         bounded_class_moments(X, y, 3, lambda U, k: U)
         m.merge(m)
     assert not np.all(np.isfinite(m.scatters))  # the overflow is in the result, not a warning
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian-iid", "laplace-iid", "colored-gaussian",
+                                       "r1smg"])
+@pytest.mark.parametrize("width", [1e-200, 1e200])
+def test_baselines_refuse_a_public_box_beyond_the_float_range_of_their_noise(mechanism, width):
+    X, y = _data(width, d=3)
+    _refused_before_noise(X, y, "the public bound's widths must lie between",
+                          mechanism=mechanism, epsilon=1.0, delta=1e-5, classes=[0, 1, 2],
+                          bounds=(-width, width))
+
+
+def test_gaussian_calibration_out_of_reach_is_a_value_error():
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(29, 2)), np.repeat([0, 1], [14, 15])
+    _refused_before_noise(X, y, "cannot calibrate its noise", mechanism="gaussian-iid",
+                          epsilon=2.43e-6, delta=3.45e-171, classes=[0, 1],
+                          bounds=(-0.0746, 0.0746))
+
+
+def test_r1smg_variance_out_of_reach_is_a_value_error():
+    X, y = _data(d=3)
+    _refused_before_noise(X, y, "r1smg's noise variance leaves the floating-point range",
+                          mechanism="r1smg", epsilon=0.044, delta=1.5e-216, classes=[0, 1, 2],
+                          bounds=(-5.0, 5.0))
