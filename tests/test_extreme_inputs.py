@@ -62,3 +62,28 @@ def test_r1smg_variance_out_of_reach_is_a_value_error():
     _refused_before_noise(X, y, "r1smg's noise variance leaves the floating-point range",
                           mechanism="r1smg", epsilon=0.044, delta=1.5e-216, classes=[0, 1, 2],
                           bounds=(-5.0, 5.0))
+
+
+@pytest.mark.parametrize("scale", [1e89, 1e105, 1e200, 1e-100])
+def test_kl_paper_refuses_statistics_it_cannot_carry_through_the_draw(scale):
+    X, y = _data(scale, N=36, d=3)
+    _refused_before_noise(X, y, "kl-paper (needs the class covariances' eigenvalues|cannot use)",
+                          mechanism="kl-paper", epsilon=1.0, delta=1e-5, classes=[0, 1, 2])
+
+
+def test_kl_paper_refuses_a_design_without_usable_noise():
+    X, y = _data(1e14, N=36, d=3)
+    _refused_before_noise(X + 3e14, y, "finds no usable noise", mechanism="kl-paper",
+                          epsilon=0.023, delta=3.1e-215, classes=[0, 1, 2])
+
+
+@pytest.mark.parametrize("mechanism", ["kl-paper", "gaussian-iid", "colored-gaussian"])
+def test_ordinary_inputs_still_release(mechanism):
+    X, y = _data(d=3)
+    kw = {} if mechanism == "kl-paper" else {"bounds": (-5.0, 5.0)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        warnings.simplefilter("ignore", PrivacyLeakWarning)
+        rel = kr.release(X, y, seed=0, mechanism=mechanism, epsilon=1.0, delta=1e-5,
+                         classes=[0, 1, 2], **kw)
+    assert np.all(np.isfinite(rel.gmm.means))
