@@ -117,9 +117,10 @@ def test_an_interrupted_experiment_leaves_no_empty_folder(tmp_path):
     out = tmp_path / "results"
     proc = _start(["experiment", "fig2", "--out", str(out)], tmp_path)
     _wait_for(lambda: (out / "fig2").is_dir(), proc)
+    time.sleep(0.5)  # well inside the run
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and err.splitlines()[-1] == "interrupted"
+    assert proc.returncode == 130 and err.splitlines()[-1] == "interrupted", err
     assert "Traceback" not in err
     assert not out.exists()
 
