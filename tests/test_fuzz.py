@@ -8,7 +8,7 @@ decide. Deterministic (derandomized, no example database) and bounded in time.
 
 Known defects owned elsewhere are reproduced by the xfail tests at the end and kept out of the
 fuzzed domain: kl-certified at feature scales beyond 1e150 and at extreme (eps, delta), and
-ppe-gaussian's configuration at delta below about 1e-250.
+ppe-gaussian's configuration at epsilon above 100.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import klrelease as kr
@@ -43,27 +43,38 @@ MECHANISMS = ("kl-paper", "gaussian-iid", "colored-gaussian", "laplace-iid", "r1
               "ppe-gaussian")
 
 
+def _exponent(lo: int, hi: int):
+    """Powers of ten: ordinary ones as often as the extreme range."""
+    return st.one_of(st.integers(-3, 3), st.integers(lo, hi))
+
+
 @st.composite
 def cases(draw, mechanisms=MECHANISMS, scales=(-300, 300), log_eps=(-9.0, 3.0),
           log_delta=(-250.0, -0.5)):
-    return {
+    scale = 10.0 ** draw(_exponent(*scales))
+    case = {
         "seed": draw(st.integers(0, 2**16)),
-        "N": draw(st.integers(2, 30)),
+        "N": draw(st.integers(2, 40)),
         "d": draw(st.integers(1, 4)),
         "K": draw(st.integers(2, 3)),
-        "scale": 10.0 ** draw(st.integers(*scales)),
+        "scale": scale,
         "offset": draw(st.sampled_from([0.0, 3.0, 1e3])),
         "dtype": draw(st.sampled_from(["float64", "float32", "int64"])),
         "labels": draw(st.sampled_from(["int", "str"])),
-        "declare": draw(st.booleans()),
+        "declare": draw(st.sampled_from([True, True, False])),
         "bound": draw(st.sampled_from(["none", "ball", "box", "features"])),
-        "bound_scale": 10.0 ** draw(st.integers(*scales)),
-        "adjacency": draw(st.sampled_from([None, "label-flip", "replace-one"])),
-        "epsilon": 10.0 ** draw(st.floats(*log_eps)),
-        "delta": 10.0 ** draw(st.floats(*log_delta)),
+        # a bound in the data's units, or anywhere
+        "bound_scale": draw(st.one_of(st.sampled_from([3.0, 10.0, 1e3]).map(lambda f: f * scale),
+                                      st.integers(*scales).map(lambda e: 10.0 ** e))),
+        "adjacency": draw(st.sampled_from([None, None, "label-flip", "replace-one"])),
+        "epsilon": 10.0 ** draw(st.one_of(st.floats(-1.0, 1.0), st.floats(*log_eps))),
+        "delta": 10.0 ** draw(st.one_of(st.floats(-8.0, -3.0), st.floats(*log_delta))),
         "mechanism": draw(st.sampled_from(mechanisms)),
         "streamed": draw(st.booleans()),
     }
+    if case["mechanism"] == "ppe-gaussian":  # beyond: a defect reproduced at the end
+        case["epsilon"] = min(case["epsilon"], 100.0)
+    return case
 
 
 def build(case):
@@ -125,14 +136,14 @@ def check(case) -> str:
 @fuzz(250)
 @given(case=cases())
 def test_the_api_releases_or_refuses_before_noise(case):
-    check(case)
+    event(f"{case['mechanism']}: {check(case)}")
 
 
 @fuzz(80)
 @given(case=cases(mechanisms=("kl-certified",), scales=(-150, 150), log_eps=(-3.0, 3.0),
                   log_delta=(-12.0, -0.5)))
 def test_kl_certified_releases_or_refuses_before_noise(case):
-    check(case)
+    event(check(case))
 
 
 def test_the_fuzzed_domain_reaches_every_outcome():
@@ -158,22 +169,26 @@ def _fixed_case(seed: int) -> dict:
 
 @st.composite
 def command_lines(draw):
-    number = st.one_of(st.sampled_from(["1", "0.5", "1e-5", "0", "-1", "abc", "inf", "nan",
-                                        "1e-300", "1e300", "true", ""]),
-                       st.floats(1e-9, 1e3).map(repr))
-    args = ["--epsilon", draw(number), "--delta", draw(number)]
-    args += ["--mechanism", draw(st.sampled_from(["kl-certified", "kl-paper", "gaussian-iid",
-                                                   "ppe-gaussian", "nope"]))]
+    good = st.floats(1e-6, 1e2).map(repr)
+    bad = st.sampled_from(["0", "-1", "abc", "inf", "nan", "1e-300", "1e300", "true", ""])
+    number = st.one_of(good, good, good, good, good, bad)
+    delta = st.one_of(*[st.floats(1e-9, 0.1).map(repr)] * 5, bad)
+    args = ["--epsilon", draw(number), "--delta", draw(delta)]
+    args += ["--mechanism", draw(st.sampled_from(["kl-certified", "kl-certified", "kl-paper",
+                                                   "gaussian-iid", "ppe-gaussian", "nope"]))]
     extra = draw(st.lists(st.sampled_from([
-        ["--classes", "0,1,2"], ["--classes", ""], ["--classes", "0,1"], ["--classes", "a,b"],
-        ["--norm-bound", "10"], ["--norm-bound", "-1"], ["--norm-bound", "1e-300"],
-        ["--lower", "-5", "--upper", "5"], ["--lower", "5", "--upper", "-5"],
-        ["--option", "adjacency=replace-one"], ["--option", "adjacency=bogus"],
-        ["--option", "nope=1"], ["--seed", "3"], ["--seed", "-2"], ["--force"],
-    ]), max_size=4))
+        ["--classes", "0,1,2"], ["--norm-bound", "10"], ["--lower", "-5", "--upper", "5"],
+        ["--option", "adjacency=replace-one"], ["--seed", "3"], ["--force"],
+    ]), max_size=3, unique_by=lambda item: item[0]))
+    if draw(st.integers(0, 2)) == 0:  # one thing wrong, a third of the time
+        extra.append(draw(st.sampled_from([
+            ["--classes", ""], ["--classes", "0,1"], ["--classes", "a,b"],
+            ["--norm-bound", "-1"], ["--norm-bound", "1e-300"], ["--lower", "5", "--upper", "-5"],
+            ["--option", "adjacency=bogus"], ["--option", "nope=1"], ["--seed", "-2"],
+        ])))
     for item in extra:
         args += item
-    return {"args": args, "scale": 10.0 ** draw(st.integers(-300, 300)),
+    return {"args": args, "scale": 10.0 ** draw(_exponent(-300, 300)),
             "seed": draw(st.integers(0, 1000))}
 
 
@@ -199,6 +214,7 @@ def test_the_command_line_exits_cleanly(cl):
             rc, err = run_cli(["release", "--npz", str(data), *cl["args"], "--out", str(out)])
         assert "Traceback" not in err
         assert rc in (0, 2, 3), err
+        event(f"exit {rc}")
         lines = err.strip().splitlines()
         if rc == 2:
             assert len(lines) == 1 and lines[0].startswith("error: "), err
@@ -246,7 +262,8 @@ def test_kl_certified_frame_raises_no_numpy_warning():
 
 
 @pytest.mark.xfail(strict=False, reason="ppe-gaussian's configuration raises OverflowError "
-                   "(klrelease/learners/ppe/tlap.py t_min) at delta = 5e-259")
-def test_ppe_gaussian_at_tiny_delta():
-    check({**_fixed_case(0), "mechanism": "ppe-gaussian", "epsilon": 610.0, "delta": 5.2e-259,
+                   "and warns (klrelease/learners/ppe/tlap.py t_min) at epsilon of 300 and more")
+@pytest.mark.parametrize(("epsilon", "delta"), [(1000.0, 1e-91), (610.0, 5.2e-259)])
+def test_ppe_gaussian_at_large_epsilon(epsilon, delta):
+    check({**_fixed_case(0), "mechanism": "ppe-gaussian", "epsilon": epsilon, "delta": delta,
            "N": 17, "d": 2})
