@@ -170,3 +170,16 @@ def test_the_readme_csv_example_declares_its_classes_and_is_certified(tmp_path, 
     args = csv[0].split("#")[0].split()[1:]
     assert main(args) == 0
     assert Release.load(tmp_path / "r.json").privacy.certified
+
+
+def test_ctrl_c_in_a_command_is_reported_once(tmp_path, monkeypatch, capsys):
+    import klrelease
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(klrelease, "release", interrupted)
+    assert main([*RELEASE, "--out", "r.json"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    assert list(tmp_path.iterdir()) == []

@@ -496,7 +496,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with signals_raise():
             rc = _main(argv)
-        _check_signals()
+        if _SIGNALLED:
+            raise Terminated(_SIGNALLED[-1])
+        if rc == 130 or _INTERRUPTED.is_set():  # the framework returns Ctrl-C as 130, silently
+            return _interrupted()
         return rc
     except KeyboardInterrupt:
         return _interrupted()
@@ -535,7 +538,7 @@ def _main(argv: list[str]) -> int:
     except Exception as exc:  # the CLI framework's own usage errors
         kind = type(exc).__name__
         if isinstance(exc.__cause__, KeyboardInterrupt):  # Ctrl-C, as the framework reports it
-            return _interrupted()
+            return 130  # reported once, by main
         if isinstance(exc.__cause__, Terminated):
             raise exc.__cause__ from None
         if kind == "NoArgsIsHelpError":
