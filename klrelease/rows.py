@@ -45,18 +45,15 @@ def affine_rows(X: np.ndarray, centre: np.ndarray, W: np.ndarray) -> np.ndarray:
     X = np.asarray(X, dtype=np.float64)
     W = np.asarray(W, dtype=np.float64)
     centre = np.asarray(centre, dtype=np.float64)
+    out = np.empty((X.shape[0], W.shape[1]))
     with np.errstate(all="ignore"):
-        if X.shape[0] <= ROW_BLOCK:
-            out = (X - centre) @ W
-        else:
-            out = np.empty((X.shape[0], W.shape[1]))
-            for a in range(0, X.shape[0], ROW_BLOCK):
-                np.matmul(X[a:a + ROW_BLOCK] - centre, W, out=out[a:a + ROW_BLOCK])
-        # one matrix-vector product flags every row holding an inf or a NaN
-        bad = ~np.isfinite(out @ np.ones(out.shape[1])) if out.shape[1] else None
-        if bad is not None and bad.any():
-            rows = np.flatnonzero(bad)
-            out[rows] = _affine_rows_scaled(X[rows], centre, W)
+        for a in range(0, X.shape[0], ROW_BLOCK):
+            block = out[a:a + ROW_BLOCK]
+            np.matmul(X[a:a + ROW_BLOCK] - centre, W, out=block)
+            # one sum of the block, while it is in cache, flags an inf or a NaN in it
+            if not np.isfinite(block.sum()):
+                rows = a + np.flatnonzero(~np.isfinite(block).all(axis=1))
+                out[rows] = _affine_rows_scaled(X[rows], centre, W)
     return out
 
 
