@@ -8,26 +8,30 @@ non-private GMM)] by Monte Carlo over the mechanism's randomness (seeded: an exp
 
 Run from the repository root:
 
-    python experiments/certified/run.py --draws 200
+    klrelease experiment certified --draws 200 --out experiments
 
-Writes ``results.csv`` and ``results.md`` next to this file and prints the table.
+Writes ``results.csv`` and ``results.md`` in ``OUT/certified/`` and prints the table.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 import klrelease as kr
-from klrelease.experiments.settings import SyntheticSetting
-from klrelease.experiments.synthetic import draw_synthetic
 
-HERE = Path(__file__).resolve().parent
+from .settings import SyntheticSetting
+from .synthetic import draw_synthetic
+
+__all__ = ["run_certified_study", "FOLDER"]
+
+#: The results folder under ``--out``.
+FOLDER = "certified"
 EPSILONS = (0.5, 1.0, 2.0, 5.0)
 DELTA = 1e-5
 #: label: (mechanism, options); baselines take the public box of each dataset
@@ -50,10 +54,14 @@ def datasets():
                                            min_class_size=0)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--draws", type=int, default=200)
-    args = ap.parse_args(argv)
+def run_certified_study(out="experiments", *, draws: int = 200, log=print) -> Path:
+    """Run the comparison with ``draws`` Monte Carlo draws per cell and write
+    ``results.csv`` and ``results.md`` under ``out/certified/``; returns that folder."""
+    if int(draws) < 2:
+        raise ValueError(f"--draws must be >= 2, got {draws}")
+    folder = Path(out) / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    args = SimpleNamespace(draws=int(draws))
     rows = []
     for dname, data in datasets():
         fit = kr.fit_gmm(data.X, data.codes)
@@ -67,7 +75,7 @@ def main(argv=None):
                         p = kr.plan(data, None, epsilon=eps, delta=DELTA, mechanism=mech, **opts)
                         est = kr.expected_kl(p, ref, n_draws=args.draws, seed=12345)
                 except Exception as exc:  # reported in the table, not hidden
-                    print(f"{dname} eps={eps} {label}: {type(exc).__name__}: {exc}", flush=True)
+                    log(f"{dname} eps={eps} {label}: {type(exc).__name__}: {exc}")
                     continue
                 rows.append({
                     "dataset": dname, "epsilon": eps, "mechanism": label,
@@ -75,8 +83,8 @@ def main(argv=None):
                     "ci_low": est.ci_low, "ci_high": est.ci_high, "draws": est.n_draws,
                     "seconds": round(time.perf_counter() - t0, 2),
                 })
-                print(f"{dname:9s} eps={eps:<4g} {label:34s} {est}", flush=True)
-    with open(HERE / "results.csv", "w", newline="") as fh:
+                log(f"{dname:9s} eps={eps:<4g} {label:34s} {est}")
+    with open(folder / "results.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
@@ -84,7 +92,7 @@ def main(argv=None):
         "# Expected KL of kl-certified against kl-paper and the certified baselines", "",
         f"delta = {DELTA:g}; {args.draws} Monte Carlo draws per cell (95% CI in brackets); "
         "baselines under label flip with the dataset's public box. Command: "
-        f"`python experiments/certified/run.py --draws {args.draws}`.", "",
+        f"`klrelease experiment certified --draws {args.draws} --out {out}`.", "",
         "`target` is the label-flip figure the certified release is held to; `r1/lf` is the "
         "replace-one E[KL] over the label-flip one at the same eps.", "",
     ]
@@ -109,8 +117,5 @@ def main(argv=None):
             lines.append(f"| {eps:g} | " + " | ".join(cells)
                          + f" | {TARGETS[dname][i]:g} | {ratio} |")
         lines.append("")
-    (HERE / "results.md").write_text("\n".join(lines) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    (folder / "results.md").write_text("\n".join(lines) + "\n")
+    return folder
