@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .rows import clip_to_bounds, clip_to_norm
+
 __all__ = ["Domain"]
 
 #: Where a domain comes from, as recorded in artifacts.
@@ -84,6 +86,8 @@ class Domain:
             raise ValueError("bounds must be finite")
         if np.any(lo >= hi):
             raise ValueError("bounds must satisfy lower < upper for every feature")
+        if not np.all(np.isfinite(hi / 2 - lo / 2) & np.isfinite(2 * (hi / 2 - lo / 2))):
+            raise ValueError("bounds must be finite and less than 1.7e308 apart")
         scalar = d is None and lo.size == 1 and np.ndim(lower) == 0 and np.ndim(upper) == 0
         return cls("box", None if scalar else n, lo, hi, None, source)
 
@@ -162,14 +166,14 @@ class Domain:
     def centre(self) -> np.ndarray:
         """Centre of the domain (the origin for a ball)."""
         if self.kind == "box":
-            return (self.lower + self.upper) / 2.0
+            return self.lower / 2.0 + self.upper / 2.0  # no overflow near the float range
         return np.zeros(self._dim())
 
     @property
     def half_widths(self) -> np.ndarray:
         """Per-feature half-widths of the smallest box containing the domain."""
         if self.kind == "box":
-            return (self.upper - self.lower) / 2.0
+            return self.upper / 2.0 - self.lower / 2.0
         return np.full(self._dim(), self.radius)
 
     @property
@@ -192,8 +196,6 @@ class Domain:
     def clip(self, X: np.ndarray) -> np.ndarray:
         """Rows moved into the domain (per-record clipping: a box clips each feature, a ball
         scales a row onto it)."""
-        from .statistics import clip_to_bounds, clip_to_norm
-
         if self.kind == "box":
             return clip_to_bounds(X, self.lower, self.upper)
         return clip_to_norm(X, self.radius)

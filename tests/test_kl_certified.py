@@ -314,7 +314,7 @@ def test_acceptance_never_depends_on_which_declared_class_a_row_has(tmp_path, ca
                                                for r, lab in zip(X, labels, strict=True)))
         code = main(["release", "--csv", str(path), "--label-column", "c", "--classes",
                      "1,2,x", "--epsilon", "1", "--delta", "1e-5", "--out",
-                     str(tmp_path / "r.json")])
+                     str(tmp_path / "r.json"), "--force"])
         assert code == 0, capsys.readouterr().err
     for y in ([0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.5]):  # float classes, library
         p = kr.plan(X, np.array(y), epsilon=1, delta=1e-5, classes=[0.0, 0.5, 1.0])

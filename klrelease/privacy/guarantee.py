@@ -295,6 +295,16 @@ class BudgetAccountant:
         self.check(guarantee)
         self.spent.append(guarantee)
 
+    def cancel(self, guarantee: Guarantee) -> None:
+        """Remove the charge :meth:`spend` made for ``guarantee`` (the same object): only for
+        an attempt that failed before any noise was drawn, which released nothing. Never
+        after noise: whatever happens then, the budget is spent."""
+        for i in range(len(self.spent) - 1, -1, -1):
+            if self.spent[i] is guarantee:
+                del self.spent[i]
+                return
+        raise ValueError("cancel: this guarantee was not spent")
+
     def total_delta_at(self, epsilon: float | None = None) -> float:
         """Delta of everything spent at ``epsilon`` (default: the total epsilon), from the
         composed privacy curve (exact for Gaussian mechanisms, else by PLD).

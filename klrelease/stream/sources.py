@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import _encode_labels, typed_classes
-from ..statistics import column_sums
+from ..data import _check_one_label_type, _encode_labels, typed_classes
+from ..rows import column_sums
 from .moments import (
     ClassMoments,
     RowMap,
@@ -347,6 +347,7 @@ def _add_tuples(a, b):
 
 
 def _present_labels(y) -> np.ndarray:
+    _check_one_label_type(y)
     y = np.asarray(y)
     if y.dtype.kind == "O":
         y = y.astype(str)
@@ -381,6 +382,10 @@ class ArraySource(Source):
             X = np.asarray(X)
         if X.ndim != 2:
             raise ValueError("X must be two-dimensional (n_samples, n_features)")
+        if np.iscomplexobj(X):
+            raise ValueError("X must hold real numbers; complex values are not supported")
+        if classes is None:
+            _check_one_label_type(y)
         y = np.asarray(y) if not isinstance(y, np.ndarray) else y
         if y.ndim == 2 and 1 in y.shape:
             y = y.reshape(-1)
