@@ -51,23 +51,31 @@ def _solver_study(*, out: Path, quick: bool, trials: int | None,
 
 def _certified(*, out: Path, quick: bool, trials: int | None, draws: int | None = None,
                **_) -> str:
-    from ..experiments.certified import run_certified_study
+    from ..experiments.certified import run_certified
 
-    n = draws if draws is not None else (5 if quick else 200)
-    folder = run_certified_study(out, draws=n,
-                                 log=lambda line: err_console.print(line, highlight=False))
-    return f"certified -> {folder}"
+    folder = run_certified(out, quick=quick, trials=draws or trials,
+                           log=lambda line: err_console.print(line, highlight=False))
+    return f"certified -> {folder / 'results.md'}"
+
+
+def _loose_bounds(*, out: Path, quick: bool, trials: int | None, draws: int | None = None,
+                  **_) -> str:
+    from ..experiments.certified import run_loose_bounds
+
+    folder = run_loose_bounds(out, quick=quick, trials=draws or trials,
+                              log=lambda line: err_console.print(line, highlight=False))
+    return f"loose-bounds -> {folder / 'loose_bounds.md'}"
 
 
 def _extra_experiments() -> dict:
     """Studies beyond the paper's synthetic sweeps: name -> runner returning a summary line."""
     return {"ppe-regimes": _ppe_regimes, "learners-regimes": _learners_regimes,
             "learners-speed": _learners_speed, "solver-study": _solver_study,
-            "certified": _certified}
+            "certified": _certified, "loose-bounds": _loose_bounds}
 
 
 #: Options that only some studies take: option -> the studies that take it.
-STUDY_OPTIONS = {"--time-limit": ("solver-study",), "--draws": ("certified",)}
+STUDY_OPTIONS = {"--time-limit": ("solver-study",), "--draws": ("certified", "loose-bounds")}
 
 
 def report_outcomes(rows: list[dict]) -> None:
@@ -108,7 +116,7 @@ def no_empty_folders(out: Path):
 def experiment_command(
     name: Annotated[str, typer.Argument(
         help="fig1..fig13, or a study: ppe-regimes, learners-regimes, learners-speed, "
-             "solver-study, certified")],
+             "solver-study, certified, loose-bounds")],
     quick: Annotated[bool, typer.Option("--quick", metavar="",
                                         help="a reduced run for CI (seconds)")] = False,
     trials: Annotated[int | None, typer.Option("--trials", help="number of datasets")] = None,

@@ -148,12 +148,12 @@ class Source:
             raise ValueError("at least two classes are needed to release a mixture")
         return self.classes
 
-    def scan(self, fn: Callable, merge: Callable, initial):
+    def scan(self, fn: Callable, merge: Callable, initial, *, indexed: bool = False):
         """One pass: ``fn(X, codes)`` on every chunk (validated, labels as class codes), the
-        results merged in chunk order. The interface of
-        :class:`klrelease.solvers.passes.MemoryRows`."""
+        results merged in chunk order (``indexed=True``: ``fn(X, codes, offset)``). The
+        interface of :class:`klrelease.solvers.passes.MemoryRows`."""
         return self.reduce(_Validated(fn, self.n_features, self.resolve_classes()), merge,
-                           initial)
+                           initial, indexed=indexed)
 
     @property
     def n_classes(self) -> int:
@@ -282,8 +282,8 @@ class _Validated:
     d: int
     classes: tuple
 
-    def __call__(self, X, y):
-        return self.fn(*_chunk(X, y, self.d, self.classes))
+    def __call__(self, X, y, *offset):
+        return self.fn(*_chunk(X, y, self.d, self.classes), *offset)
 
 
 def _chunk_range(X, codes):

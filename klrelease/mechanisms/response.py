@@ -1,0 +1,94 @@
+"""The output law of randomized response on labels (label flip), shared by the mechanisms that
+release it: ``randomized-response`` (the plain baseline) and ``kl-certified`` (one of its
+designs). They differ only in how the released labels become a GMM (post-processing).
+
+The released value is the vector of reported labels (:mod:`klrelease.privacy.response`, pure
+eps-DP under label flip). In memory it is kept whole (its exact log-probability is what the
+audit compares); from a chunked source each chunk's labels are drawn and reduced at once to the
+reported class moments (:class:`~klrelease.privacy.response.ReportedMoments`), a function of
+the labels and the public features only, and never stored. Each chunk's randomness is a
+ChaCha20 stream keyed by the release's generator and placed by the chunk's first row, so
+chunks read on different workers never share noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..gmm import GMM
+from ..privacy.response import ReportedMoments, respond, response_logpmf
+from .base import Plan
+
+__all__ = ["ResponsePlan", "MOMENT_KEYS"]
+
+#: The raw output of a streamed release: the reported moments, one array each.
+MOMENT_KEYS = tuple(f"reported_{a}" for a in ReportedMoments.__slots__)
+
+
+@dataclass(frozen=True)
+class _ChunkResponse:
+    """One chunk: reported labels from a keyed stream, reduced to reported moments."""
+
+    key: int
+    n_classes: int
+    epsilon: float
+    frame: object  # maps raw rows to the public frame (``to_frame``)
+
+    def __call__(self, X: np.ndarray, codes: np.ndarray, offset: int) -> ReportedMoments:
+        import randomgen
+
+        gen = np.random.Generator(randomgen.ChaCha(key=self.key, counter=int(offset) << 64,
+                                                   rounds=20))
+        z = respond(codes, self.n_classes, self.epsilon, gen)
+        return ReportedMoments.of(self.frame.to_frame(X), z, self.n_classes)
+
+
+def _add(a, b):
+    return b if a is None else a + b
+
+
+@dataclass
+class ResponsePlan(Plan):
+    """Randomized response on one dataset's labels (holds private values: never publish).
+
+    ``rows`` are the public features in a public frame (in memory) or ``source`` a chunked
+    source read through ``frame``; ``codes`` the private labels (in memory);
+    ``estimate(moments)`` turns the reported moments into the released GMM.
+    """
+
+    epsilon: float = 0.0
+    n_classes: int = 0
+    rows: np.ndarray | None = None
+    codes: np.ndarray | None = None
+    source: object = None
+    frame: object = None
+    estimate: Callable[[ReportedMoments], GMM] | None = None
+
+    def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        if self.source is None:
+            return {"reported": respond(self.codes, self.n_classes, self.epsilon, rng)}
+        key = int.from_bytes(rng.bytes(32), "little")
+        m = self.source.scan(_ChunkResponse(key, self.n_classes, self.epsilon, self.frame),
+                             _add, None, indexed=True)
+        return {k: getattr(m, a) for k, a in zip(MOMENT_KEYS, ReportedMoments.__slots__,
+                                                  strict=True)}
+
+    def moments(self, output: dict[str, np.ndarray]) -> ReportedMoments:
+        """The reported moments of a raw output (post-processing)."""
+        if "reported" in output:
+            return ReportedMoments.of(self.rows, output["reported"], self.n_classes)
+        return ReportedMoments(*(np.asarray(output[k], dtype=float) for k in MOMENT_KEYS))
+
+    def log_density(self, output: dict[str, np.ndarray]) -> dict[str, float]:
+        if "reported" not in output:
+            raise ValueError("the exact density of a streamed release is not kept (only its "
+                             "reported moments); audit the data in memory")
+        return {"weights": response_logpmf(output["reported"], self.codes, self.n_classes,
+                                           self.epsilon),
+                "means": 0.0, "covariances": 0.0}
+
+    def finalize(self, output: dict[str, np.ndarray]) -> GMM:
+        return self.estimate(self.moments(output))
