@@ -332,6 +332,10 @@ def _check_claim(doc, kind: str) -> None:
     if opts.adjacency != doc.privacy.neighbouring:
         raise ValueError("privacy: the neighbouring relation does not match the settings")
     expected = doc.randomness.secure and mech.certifies(opts, doc.options)
+    if expected:
+        # the claimed (epsilon, delta) must be what the recorded public design gives
+        mech.check_claim(epsilon=doc.privacy.epsilon, delta=doc.privacy.delta,
+                         public=doc.options)
     if doc.privacy.certified != expected:
         raise ValueError(
             f"tampered privacy claim: the {kind} says certified={doc.privacy.certified}"

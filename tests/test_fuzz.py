@@ -229,19 +229,11 @@ def test_the_command_line_exits_cleanly(cl):
 
 # ------------------------------------------------------------------ known defects, elsewhere
 
-KL_CERTIFIED_FALLBACK = (
-    "kl-certified's fallback raises after noise when the features' scale is 1e154 or more "
-    "('GMM parameters must be finite'; klrelease/mechanisms/kl_certified)")
-
-
-@pytest.mark.xfail(strict=False, reason=KL_CERTIFIED_FALLBACK)
 @pytest.mark.parametrize("scale", [1e160, 1e200, 1e250])
 def test_kl_certified_at_feature_scales_beyond_1e154(scale):
     check({**_fixed_case(0), "mechanism": "kl-certified", "scale": scale, "N": 30, "d": 3})
 
 
-@pytest.mark.xfail(strict=False, reason="kl-certified raises 'weights must be non-negative "
-                   "and sum to one' after noise at eps=1e-9, delta=1e-300")
 def test_kl_certified_at_epsilon_1e_9_delta_1e_300():
     X, y = np.random.default_rng(0).normal(size=(60, 2)), np.repeat([0, 1, 2], 20)
     gen = np.random.default_rng(1)
@@ -250,8 +242,6 @@ def test_kl_certified_at_epsilon_1e_9_delta_1e_300():
         kr.release(X, y, epsilon=1e-9, delta=1e-300, classes=[0, 1, 2], seed=gen)
 
 
-@pytest.mark.xfail(strict=False, reason="kl-certified warns (overflow in dot, invalid value "
-                   "in divide) from its public frame on features near the float range")
 def test_kl_certified_frame_raises_no_numpy_warning():
     X, y = np.random.default_rng(0).normal(size=(30, 2)) * 1e200, np.repeat([0, 1, 2], 10)
     with warnings.catch_warnings():

@@ -433,3 +433,24 @@ def test_the_design_reads_public_inputs_only():
             eps, 1e-5, 150, 3, 4)
     assert choose_design(0.5, 1e-5, 150, 3, 4) == "gaussian"
     assert choose_design(20.0, 1e-5, 150, 3, 4) == "response"
+
+
+@pytest.mark.parametrize("eps", [1.0, 5.0])
+def test_an_edited_claim_does_not_match_the_recorded_design(iris, eps):
+    """An unsigned artifact whose epsilon or delta was edited consistently everywhere else is
+    still refused: the recorded budget (Gaussian design) or keep probability (response
+    design) gives the claim."""
+    import json
+
+    rel = kr.release(iris, None, epsilon=eps, delta=1e-5)
+    text = rel.to_json()
+    kr.Release.from_json(text)
+    doc = json.loads(text)
+    doc["privacy"]["epsilon"] = eps / 10
+    with pytest.raises(ValueError, match="tampered"):
+        kr.Release.from_json(json.dumps(doc))
+    if rel.options["design"] == "gaussian":
+        doc = json.loads(text)
+        doc["privacy"]["delta"] = 1e-12
+        with pytest.raises(ValueError, match="tampered"):
+            kr.Release.from_json(json.dumps(doc))

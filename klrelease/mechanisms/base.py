@@ -290,6 +290,12 @@ class Mechanism(ABC):
         """
         return None
 
+    def check_claim(self, *, epsilon: float, delta: float, public: Mapping[str, Any]) -> None:
+        """Raise ``ValueError`` if a certified artifact's (epsilon, delta) is not what the
+        public design values recorded beside it give (an edited claim). Nothing recorded,
+        nothing to check (the default)."""
+        return None
+
     @abstractmethod
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> Plan:
         """Design the mechanism on ``data`` (options arrive validated)."""

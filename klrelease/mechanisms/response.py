@@ -19,10 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..gmm import GMM
-from ..privacy.response import ReportedMoments, respond, response_logpmf
-from .base import Plan
+from ..neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
+from ..privacy.guarantee import PureCurve
+from ..privacy.response import ReportedMoments, respond, response_dp_event, response_logpmf
+from ..warnings_ import warn_privacy
+from .base import Guarantee, Plan
 
-__all__ = ["ResponsePlan", "MOMENT_KEYS"]
+__all__ = ["ResponsePlan", "MOMENT_KEYS", "response_guarantee", "response_plan", "quiet"]
 
 #: The raw output of a streamed release: the reported moments, one array each.
 MOMENT_KEYS = tuple(f"reported_{a}" for a in ReportedMoments.__slots__)
@@ -50,6 +53,20 @@ def _add(a, b):
     return b if a is None else a + b
 
 
+def quiet(fn):
+    """Run ``fn`` with numpy's floating-point warnings off: whether a computation on private
+    values overflows must not show as a warning (a side channel outside the release); the
+    results are checked for finiteness where it matters."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 @dataclass
 class ResponsePlan(Plan):
     """Randomized response on one dataset's labels (holds private values: never publish).
@@ -67,6 +84,7 @@ class ResponsePlan(Plan):
     frame: object = None
     estimate: Callable[[ReportedMoments], GMM] | None = None
 
+    @quiet
     def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         if self.source is None:
             return {"reported": respond(self.codes, self.n_classes, self.epsilon, rng)}
@@ -76,6 +94,7 @@ class ResponsePlan(Plan):
         return {k: getattr(m, a) for k, a in zip(MOMENT_KEYS, ReportedMoments.__slots__,
                                                   strict=True)}
 
+    @quiet
     def moments(self, output: dict[str, np.ndarray]) -> ReportedMoments:
         """The reported moments of a raw output (post-processing)."""
         if "reported" in output:
@@ -90,5 +109,45 @@ class ResponsePlan(Plan):
                                            self.epsilon),
                 "means": 0.0, "covariances": 0.0}
 
+    @quiet
     def finalize(self, output: dict[str, np.ndarray]) -> GMM:
         return self.estimate(self.moments(output))
+
+
+def response_guarantee(name: str, epsilon: float, delta: float, n_classes: int,
+                       declared: bool, proof: str) -> Guarantee:
+    """The claim of a randomized-response release (pure eps-DP under label flip)."""
+    rel = ADJACENCY_DESCRIPTIONS[Adjacency.LABEL_FLIP]
+    if declared:
+        statement = (f"({epsilon:g}, 0)-differentially private (pure DP, hence "
+                     f"({epsilon:g}, {delta:g})) for neighbouring datasets that "
+                     f"{rel.split(';')[0].replace('datasets ', '')}: randomized response on "
+                     f"the labels, the features public. Proven in {proof}.")
+        reasons = ("N, d, the features and the declared set of classes are public.",)
+    else:
+        warn_privacy(f"{name}: the set of classes was read from the labels (pass classes= to "
+                     "declare it); which classes occur is then not protected and the release "
+                     "is NOT certified")
+        statement = ("NOT differentially private as released: the set of classes was read "
+                     "from the private labels, not declared.")
+        reasons = ("The set of classes was read from the private labels, not declared: a "
+                   "class with one record can reveal that record's label.",)
+    return Guarantee(epsilon=epsilon, delta=delta, neighbouring=Adjacency.LABEL_FLIP.value,
+                     certified=declared, statement=statement, reasons=reasons,
+                     accounting="randomized response on every label: pure epsilon-DP",
+                     curve=PureCurve(epsilon, response_dp_event(epsilon, n_classes)))
+
+
+def response_plan(data, *, name: str, epsilon: float, frame, estimate,
+                  guarantee: Guarantee, public: dict) -> ResponsePlan:
+    """A :class:`~klrelease.mechanisms.response.ResponsePlan` on in-memory or streamed data."""
+    from ..stream import Source
+
+    K = len(data.classes)
+    if isinstance(data, Source):
+        return ResponsePlan(mechanism=name, guarantee=guarantee, classes=data.classes,
+                            public_options=public, epsilon=epsilon, n_classes=K,
+                            source=data, frame=frame, estimate=estimate)
+    return ResponsePlan(mechanism=name, guarantee=guarantee, classes=data.classes,
+                        public_options=public, epsilon=epsilon, n_classes=K,
+                        rows=frame.to_frame(data.X), codes=data.codes, estimate=estimate)

@@ -35,10 +35,9 @@ from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import PureCurve
 from ...privacy.projections import project_simplex
 from ...privacy.response import ReportedMoments, debiased_moments, response_dp_event
-from ...warnings_ import warn_privacy
 from ..base import Guarantee, Mechanism, MechanismOptions
 from ..registry import register
-from ..response import ResponsePlan
+from ..response import ResponsePlan, response_guarantee, response_plan
 
 __all__ = ["RandomizedResponse", "Standardised", "plain_estimate"]
 
@@ -76,45 +75,6 @@ def plain_estimate(m: ReportedMoments, *, epsilon: float, n_classes: int, n_samp
     sd = frame.sd
     covs = C * np.outer(sd, sd)[None]
     return GMM(w, frame.mean + mu * sd, 0.5 * (covs + np.swapaxes(covs, -1, -2)), classes)
-
-
-def response_guarantee(name: str, epsilon: float, delta: float, n_classes: int,
-                       declared: bool, proof: str) -> Guarantee:
-    """The claim of a randomized-response release (pure eps-DP under label flip)."""
-    rel = ADJACENCY_DESCRIPTIONS[Adjacency.LABEL_FLIP]
-    if declared:
-        statement = (f"({epsilon:g}, 0)-differentially private (pure DP, hence "
-                     f"({epsilon:g}, {delta:g})) for neighbouring datasets that "
-                     f"{rel.split(';')[0].replace('datasets ', '')}: randomized response on "
-                     f"the labels, the features public. Proven in {proof}.")
-        reasons = ("N, d, the features and the declared set of classes are public.",)
-    else:
-        warn_privacy(f"{name}: the set of classes was read from the labels (pass classes= to "
-                     "declare it); which classes occur is then not protected and the release "
-                     "is NOT certified")
-        statement = ("NOT differentially private as released: the set of classes was read "
-                     "from the private labels, not declared.")
-        reasons = ("The set of classes was read from the private labels, not declared: a "
-                   "class with one record can reveal that record's label.",)
-    return Guarantee(epsilon=epsilon, delta=delta, neighbouring=Adjacency.LABEL_FLIP.value,
-                     certified=declared, statement=statement, reasons=reasons,
-                     accounting="randomized response on every label: pure epsilon-DP",
-                     curve=PureCurve(epsilon, response_dp_event(epsilon, n_classes)))
-
-
-def response_plan(data, *, name: str, epsilon: float, frame, estimate,
-                  guarantee: Guarantee, public: dict) -> ResponsePlan:
-    """A :class:`~klrelease.mechanisms.response.ResponsePlan` on in-memory or streamed data."""
-    from ...stream import Source
-
-    K = len(data.classes)
-    if isinstance(data, Source):
-        return ResponsePlan(mechanism=name, guarantee=guarantee, classes=data.classes,
-                            public_options=public, epsilon=epsilon, n_classes=K,
-                            source=data, frame=frame, estimate=estimate)
-    return ResponsePlan(mechanism=name, guarantee=guarantee, classes=data.classes,
-                        public_options=public, epsilon=epsilon, n_classes=K,
-                        rows=frame.to_frame(data.X), codes=data.codes, estimate=estimate)
 
 
 def standardised_frame(data) -> tuple[Standardised, int]:

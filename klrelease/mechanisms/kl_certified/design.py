@@ -710,8 +710,12 @@ def released_weights(counts, N: int, K: int) -> np.ndarray:
     """Mixture weights from released counts: projected onto the simplex with every weight at
     least ``1 / (2 max(N, K))`` (a public floor below ``1 / K``, so the projection exists for
     every N and K)."""
-    counts = np.nan_to_num(np.asarray(counts, dtype=float))
-    return project_simplex(counts / N, floor=0.5 / max(N, K))
+    floor = 0.5 / max(N, K)
+    counts = np.nan_to_num(np.asarray(counts, dtype=float), posinf=0.0, neginf=0.0)
+    w = project_simplex(counts / N, floor=floor)
+    # counts far larger than N (tiny epsilon) leave rounding in the projection's sum
+    w = np.maximum(np.nan_to_num(w, nan=floor), floor)
+    return w / w.sum()
 
 
 def _region_means(reg: Regions, noise: ClassNoise, n: np.ndarray, sums: np.ndarray, d: int,

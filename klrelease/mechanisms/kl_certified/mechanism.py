@@ -42,6 +42,7 @@ from ...statistics import affine_rows, clip_to_norm
 from ...warnings_ import warn_privacy
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan
 from ..registry import register
+from ..response import quiet, response_guarantee, response_plan
 from .design import (
     SETTINGS,
     Budget,
@@ -95,6 +96,25 @@ ASSUMPTIONS = (
     "Noise is sampled in floating point; the proof treats the samplers as exact (real "
     "arithmetic), like every floating-point implementation of these mechanisms.",
 )
+
+
+#: Public scales (feature standard deviations under label flip, the bound's half-widths under
+#: replace-one) a release can work in: the covariances are their squares, in floating point.
+SCALES = (1e-150, 1e150)
+
+
+def check_scales(scales, what: str) -> None:
+    """Refuse, before any noise, public scales whose squares leave the floating-point range
+    (a function of public inputs: the features under label flip, the bound under replace-one;
+    all-zero scales, a constant dataset, are fine)."""
+    s = np.abs(np.asarray(scales, dtype=float))
+    lo, hi = SCALES
+    pos = s[s > 0]
+    if not np.all(np.isfinite(s)) or (pos.size and (pos.max() > hi or pos.min() < lo)):
+        raise ValueError(
+            f"kl-certified: {what} must lie between {lo:g} and {hi:g} (the released "
+            "covariances are their squares, in floating point); give the features in other "
+            "units")
 
 
 def whitening_frame(centre: np.ndarray, C: np.ndarray) -> Frame:
@@ -156,8 +176,7 @@ def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool
     X = data.X
     d = data.n_features
     if relation == Adjacency.LABEL_FLIP:
-        centre = X.mean(axis=0)
-        C = np.atleast_2d(np.cov(X, rowvar=False)) if X.shape[0] > 1 else np.zeros((d, d))
+        centre, C = _public_moments(X)
         frame = whitening_frame(centre, C)
         return frame, frame.to_frame(X), True, "the public features (whitened)", None
     domain = _public_bound(data.domain, norm_bound, bounds_from_data, d)
@@ -172,6 +191,19 @@ def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool
     return frame, clip(frame.to_frame(X)), certified, where, _bound_window(domain)
 
 
+def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Label flip: the mean and covariance of the public features, their scales checked
+    first (:func:`check_scales`) so that neither overflows."""
+    d = X.shape[1]
+    with np.errstate(all="ignore"):
+        check_scales(np.max(np.abs(X), axis=0) if X.shape[0] else np.zeros(d),
+                     "the features' magnitudes")
+        centre = X.mean(axis=0)
+        C = np.atleast_2d(np.cov(X, rowvar=False)) if X.shape[0] > 1 else np.zeros((d, d))
+    check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)), "the features' standard deviations")
+    return centre, C
+
+
 def _public_bound(domain, norm_bound, bounds_from_data, d):
     """The public domain of a replace-one release: the data's, or the ball of the option
     ``norm_bound``; ``None`` when the box is to be read from the data."""
@@ -179,6 +211,9 @@ def _public_bound(domain, norm_bound, bounds_from_data, d):
         if domain is not None and domain.kind == "box":
             raise ValueError("give either bounds= (a box) or norm_bound= (a ball), not both")
         domain = Domain.ball(norm_bound, d)
+    if domain is not None:
+        check_scales(domain.half_widths if domain.kind == "box" else [domain.radius],
+                     "the public bound's half-widths")
     if domain is None and not bounds_from_data:
         raise ValueError(
             "kl-certified under replace-one needs a public bound on the features: pass "
@@ -408,6 +443,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
         m0, sample = source.pooled_and_sample()
         N, mean, M2 = int(round(m0.counts[0])), m0.means[0], m0.scatters[0]
         C = M2 / (N - 1) if N > 1 else np.zeros((d, d))
+        check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)), "the features' standard deviations")
         frame = whitening_frame(mean, C)
         clip, where, window = None, "the public features (whitened)", None
         R = sample_radius(frame, sample, budget_of(N), N, K)
@@ -538,6 +574,7 @@ class KLCertifiedPlan(Plan):
         return lm, lc
 
     @blas_single_thread
+    @quiet
     def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         pub = self.public
         K, d = pub.n_classes, pub.n_features
@@ -580,6 +617,7 @@ class KLCertifiedPlan(Plan):
         return out
 
     @blas_single_thread
+    @quiet
     def log_density(self, output: dict[str, np.ndarray]) -> dict[str, float]:
         pub = self.public
         counts = np.asarray(output["counts"], dtype=float)
@@ -615,6 +653,7 @@ class KLCertifiedPlan(Plan):
         return {"weights": lw, "means": lm, "covariances": lc}
 
     @blas_single_thread
+    @quiet
     def finalize(self, output: dict[str, np.ndarray]) -> GMM:
         if "class_sums" not in output or (
                 "class_sums_2" not in output
@@ -680,19 +719,20 @@ class KLCertified(Mechanism):
         :func:`.design.response_estimate` in the public whitened frame."""
         from ...stream import Source
         from ...stream.sample import sample_rows
-        from ..baselines.randomized_response import response_guarantee, response_plan
 
         declared = bool(getattr(data, "classes_declared", False))
         K, d = len(data.classes), data.n_features
         if isinstance(data, Source):
             m0, sample = data.pooled_and_sample()
             N, mean, M2 = int(round(m0.counts[0])), m0.means[0], m0.scatters[0]
-            frame = whitening_frame(mean, M2 / (N - 1) if N > 1 else np.zeros((d, d)))
+            C = M2 / (N - 1) if N > 1 else np.zeros((d, d))
+            check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)),
+                         "the features' standard deviations")
+            frame = whitening_frame(mean, C)
         else:
             X = data.X
             N, sample = data.n_samples, sample_rows(X)
-            C = np.atleast_2d(np.cov(X, rowvar=False)) if N > 1 else np.zeros((d, d))
-            frame = whitening_frame(X.mean(axis=0), C)
+            frame = whitening_frame(*_public_moments(X))
         rows = frame.to_frame(sample)
         classes = data.classes
         guarantee = response_guarantee(self.name, epsilon, delta, K, declared,
@@ -712,12 +752,44 @@ class KLCertified(Mechanism):
                 covs = np.broadcast_to(frame.cov_to_raw(np.eye(d)), (K, d, d)).copy()
                 return GMM(w, np.broadcast_to(frame.centre, (K, d)).copy(), covs, classes)
 
+        from ...privacy.response import response_probabilities
+
         public = {"adjacency": Adjacency.LABEL_FLIP.value,
                   "adjacency_meaning": ADJACENCY_DESCRIPTIONS[Adjacency.LABEL_FLIP],
                   "design": "response", "frame": "the public features (whitened)",
+                  "response": {"classes": K,
+                               "keep": response_probabilities(epsilon, K)[0]},
                   "classes_declared": declared, "frame_from_data": False}
         return response_plan(data, name=self.name, epsilon=epsilon, frame=frame,
                              estimate=estimate, guarantee=guarantee, public=public)
+
+    def check_claim(self, *, epsilon, delta, public) -> None:
+        """The recorded budget must be the one (epsilon, delta) gives: the Gaussian design's
+        ``mu`` is ``gaussian_max_sensitivity(epsilon, delta)`` (and its curve's delta at
+        epsilon at most delta); the response design's keep probability is
+        ``e^eps / (e^eps + K - 1)``."""
+        from ...privacy.calibration import gaussian_max_sensitivity
+        from ...privacy.response import response_probabilities
+
+        tampered = ("tampered privacy claim: the artifact's (epsilon, delta) is not what its "
+                    "recorded design gives")
+        if public.get("design") == "response":
+            rec = public.get("response") or {}
+            try:
+                p, _ = response_probabilities(epsilon, int(rec["classes"]))
+                ok = abs(p - float(rec["keep"])) <= 1e-9 * max(p, 1e-300)
+            except (KeyError, TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ValueError(tampered)
+            return
+        mu = (public.get("budget") or {}).get("mu")
+        if mu is None:
+            raise ValueError(tampered)
+        expected = gaussian_max_sensitivity(epsilon, delta) * (1.0 - 1e-9)
+        if not (abs(float(mu) - expected) <= 1e-6 * expected
+                and GaussianCurve(float(mu)).delta_at(epsilon) <= delta * (1 + 1e-6)):
+            raise ValueError(tampered)
 
     def public_guarantee(self, *, epsilon, delta, options, n_samples, n_classes, n_features):
         """The claim of a release with declared classes (and, under replace-one, a public
@@ -730,8 +802,6 @@ class KLCertified(Mechanism):
         if relation == Adjacency.LABEL_FLIP and design == "auto":
             design = choose_design(epsilon, delta, n_samples, n_classes, n_features)
         if relation == Adjacency.LABEL_FLIP and design == "response":
-            from ..baselines.randomized_response import response_guarantee
-
             return response_guarantee(self.name, epsilon, delta, n_classes, True,
                                       "klrelease/mechanisms/kl_certified/kl_certified.md")
         budget = release_budget(epsilon, delta, relation, n_samples, n_features)
