@@ -92,7 +92,7 @@ def test_remote_commands_and_inspect_verify(tmp_path, capsys, monkeypatch, servi
     assert main(["remote", "datasets", *url]) == 0
     assert "iris" in capsys.readouterr().out
     rel_args = ["remote", "release", "iris", "--epsilon", "1", "--delta", "1e-6",
-                "--request-id", "cli-1", "--out", str(out), *url]
+                "--request-id", "cli-1", "--out", str(out), "--force", *url]
     assert main(rel_args) == 0
     err = capsys.readouterr().err
     assert "certified" in err and "signature checked" in err

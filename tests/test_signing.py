@@ -67,7 +67,7 @@ def _edits():
     def certified(d):
         d["privacy"]["certified"] = False
 
-    def consistent_claim(d):  # a multi-field edit that the claim check alone lets through
+    def consistent_claim(d):  # a multi-field edit: the recorded design catches it too
         d["privacy"]["epsilon"] = 0.1
         d["privacy"]["statement"] = d["privacy"]["statement"].replace("(1,", "(0.1,")
 
@@ -93,8 +93,10 @@ def test_every_edit_fails_verification(signer, signed, edit):
     edit(doc)
     text = json.dumps(doc)
     if edit.__name__ == "consistent_claim":
-        Release.from_json(text)  # loads without a key: only the signature catches it
-    with pytest.raises(ValueError, match="modified after it was signed"):
+        # without a key the claim is checked against the budget recorded beside it
+        with pytest.raises(ValueError, match="tampered"):
+            Release.from_json(text)
+    with pytest.raises(ValueError, match="modified after it was signed|tampered"):
         Release.from_json(text, public_key=signer.public_pem)
 
 

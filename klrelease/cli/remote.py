@@ -11,7 +11,16 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .app import _fail, app, atomic_output, check_output, err_console, out_console, parse_options
+from .app import (
+    Force,
+    _fail,
+    app,
+    atomic_output,
+    check_output,
+    err_console,
+    out_console,
+    parse_options,
+)
 
 __all__ = ["remote_app"]
 
@@ -117,6 +126,7 @@ def release(
              "charged twice (default: a new one)")] = None,
     out: Annotated[Path, typer.Option(help="where to write the artifact")] = Path(
         "release.json"),
+    force: Force = False,
     url: Url = DEFAULT,
     token: Token = None,
     key: Key = None,
@@ -130,11 +140,11 @@ def release(
     opts, public = parse_options(get_mechanism(mechanism), option)
     if public:
         _fail(f"{', '.join(public)} is fixed by the dataset's registration")
-    check_output(out)
+    check_output(out, force)
     with _client(url, token, key) as c:
         rel = c.release(name, epsilon=epsilon, delta=delta, mechanism=mechanism, options=opts,
                         request_id=request_id)
-        with atomic_output(out) as fh:
+        with atomic_output(out, force=force) as fh:
             fh.write(rel.to_json())
     what = rel.summary() if hasattr(rel, "summary") else f"FAIL at stage {rel.stage}"
     err_console.print(f"wrote {out}: {what}", highlight=False)
@@ -145,12 +155,13 @@ def release(
 def artifact(name: Annotated[str, typer.Argument(help="a dataset")],
              request_id: Annotated[str, typer.Argument(help="the request's id")],
              out: Annotated[Path, typer.Option(help="where to write it")] = Path("release.json"),
-             url: Url = DEFAULT, token: Token = None, key: Key = None):
+             force: Force = False, url: Url = DEFAULT, token: Token = None,
+             key: Key = None):
     """Fetch the artifact of a released request (signature checked)."""
-    check_output(out)
+    check_output(out, force)
     with _client(url, token, key) as c:
         rel = c.artifact(name, request_id)
-        with atomic_output(out) as fh:
+        with atomic_output(out, force=force) as fh:
             fh.write(rel.to_json())
     err_console.print(f"wrote {out} (signature checked: key {rel.signature.key_id})",
                       highlight=False)

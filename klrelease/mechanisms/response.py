@@ -53,6 +53,19 @@ def _add(a, b):
     return b if a is None else a + b
 
 
+def _source_errors() -> tuple[type[BaseException], ...]:
+    """What a chunked source raises when it cannot be read (I/O, a changed file, a lost Dask
+    worker); nothing else is caught."""
+    import sys
+
+    from ..stream.sources import SourceReadError
+
+    errors: list[type[BaseException]] = [SourceReadError]
+    if "distributed" in sys.modules:
+        errors.append(sys.modules["distributed"].KilledWorker)
+    return tuple(errors)
+
+
 def quiet(fn):
     """Run ``fn`` with numpy's floating-point warnings off: whether a computation on private
     values overflows must not show as a warning (a side channel outside the release); the
@@ -83,14 +96,27 @@ class ResponsePlan(Plan):
     source: object = None
     frame: object = None
     estimate: Callable[[ReportedMoments], GMM] | None = None
+    #: the model of public values alone, released if a chunked source fails mid-pass
+    fallback: Callable[[], GMM] | None = None
+    fallbacks: int = 0
+
+    @property
+    def notes(self) -> dict[str, str]:
+        return ({"fallback": "the source failed while the labels were drawn: the model of "
+                             "the public features alone was released"} if self.fallbacks
+                else {})
 
     @quiet
     def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         if self.source is None:
             return {"reported": respond(self.codes, self.n_classes, self.epsilon, rng)}
         key = int.from_bytes(rng.bytes(32), "little")
-        m = self.source.scan(_ChunkResponse(key, self.n_classes, self.epsilon, self.frame),
-                             _add, None, indexed=True)
+        try:
+            m = self.source.scan(_ChunkResponse(key, self.n_classes, self.epsilon,
+                                                self.frame), _add, None, indexed=True)
+        except _source_errors():
+            # labels were already drawn: never fail, release the public model (finalize)
+            return {}
         return {k: getattr(m, a) for k, a in zip(MOMENT_KEYS, ReportedMoments.__slots__,
                                                   strict=True)}
 
@@ -111,6 +137,9 @@ class ResponsePlan(Plan):
 
     @quiet
     def finalize(self, output: dict[str, np.ndarray]) -> GMM:
+        if not output:  # the source failed during the pass (see sample)
+            self.fallbacks += 1
+            return self.fallback()
         return self.estimate(self.moments(output))
 
 
@@ -139,15 +168,16 @@ def response_guarantee(name: str, epsilon: float, delta: float, n_classes: int,
 
 
 def response_plan(data, *, name: str, epsilon: float, frame, estimate,
-                  guarantee: Guarantee, public: dict) -> ResponsePlan:
+                  guarantee: Guarantee, public: dict, fallback=None) -> ResponsePlan:
     """A :class:`~klrelease.mechanisms.response.ResponsePlan` on in-memory or streamed data."""
     from ..stream import Source
 
     K = len(data.classes)
     if isinstance(data, Source):
         return ResponsePlan(mechanism=name, guarantee=guarantee, classes=data.classes,
-                            public_options=public, epsilon=epsilon, n_classes=K,
-                            source=data, frame=frame, estimate=estimate)
+                            public_options={**public, "data": "streamed in chunks"},
+                            epsilon=epsilon, n_classes=K, source=data, frame=frame,
+                            estimate=estimate, fallback=fallback)
     return ResponsePlan(mechanism=name, guarantee=guarantee, classes=data.classes,
                         public_options=public, epsilon=epsilon, n_classes=K,
                         rows=frame.to_frame(data.X), codes=data.codes, estimate=estimate)

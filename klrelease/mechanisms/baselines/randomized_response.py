@@ -135,6 +135,13 @@ class RandomizedResponse(Mechanism):
             return plain_estimate(m, epsilon=epsilon, n_classes=K, n_samples=N, frame=frame,
                                   classes=classes)
 
+        def public_model() -> GMM:
+            covs = np.broadcast_to(np.diag(frame.sd**2), (K, frame.sd.size,
+                                                          frame.sd.size)).copy()
+            return GMM(np.full(K, 1.0 / K), np.broadcast_to(frame.mean, (K, frame.sd.size)
+                                                            ).copy(), covs, classes)
+
         return response_plan(data, name=self.name, epsilon=epsilon, frame=frame,
-                             estimate=estimate, guarantee=guarantee, public=public)
+                             estimate=estimate, guarantee=guarantee, public=public,
+                             fallback=public_model)
 

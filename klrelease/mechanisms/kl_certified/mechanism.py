@@ -42,7 +42,7 @@ from ...statistics import affine_rows, clip_to_norm
 from ...warnings_ import warn_privacy
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan
 from ..registry import register
-from ..response import quiet, response_guarantee, response_plan
+from ..response import _source_errors, quiet, response_guarantee, response_plan
 from .design import (
     SETTINGS,
     Budget,
@@ -377,14 +377,6 @@ def sample_radius(frame: Frame, sample: np.ndarray, budget: Budget, n_samples: i
                        SETTINGS["radius_quantile"])
 
 
-def _n_rows(data) -> int:
-    from ...stream import Source
-
-    if isinstance(data, Source):
-        return int(round(data.pooled_and_sample(size=1)[0].counts[0]))
-    return int(data.n_samples)
-
-
 #: The design rule's coefficients: log(E[KL] gaussian / E[KL] response) predicted as
 #: c0 + c1 ln eps + c2 ln N + c3 ln d + c4 ln K, fitted by least squares to both designs'
 #: E[KL] on 40 labelled datasets (d 2-30, N 100-28000, K 2-6, eps 0.5-5; the design agreed
@@ -427,7 +419,7 @@ def _bound_window(domain: Domain) -> tuple[np.ndarray, np.ndarray]:
 
 
 def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_bound,
-                  budget_of):
+                  budget_of, pooled=None):
     """Passes over a chunked source for everything the plan needs before noise is drawn.
 
     Returns a dict: ``frame, rows, N, R, total_scatter, sums, counts, total_sums, where,
@@ -440,7 +432,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     d = source.n_features
     K = len(source.resolve_classes())
     if relation == Adjacency.LABEL_FLIP:
-        m0, sample = source.pooled_and_sample()
+        m0, sample = source.pooled_and_sample() if pooled is None else pooled
         N, mean, M2 = int(round(m0.counts[0])), m0.means[0], m0.scatters[0]
         C = M2 / (N - 1) if N > 1 else np.zeros((d, d))
         check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)), "the features' standard deviations")
@@ -464,20 +456,6 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
                 total_scatter=None, sums=None, counts=counts, total_sums=None,
                 where="the public bound, located by noisy histograms",
                 window=_bound_window(domain), public_rows=None)
-
-
-def _source_errors() -> tuple[type[BaseException], ...]:
-    """What a chunked source raises when it cannot be read: :class:`SourceReadError` (I/O, a
-    chunk that no longer validates) and, on a Dask cluster that lost its workers,
-    KilledWorker. Nothing else: a numerical error in a pass is a defect and raises."""
-    import sys
-
-    from ...stream.sources import SourceReadError
-
-    errors: list[type[BaseException]] = [SourceReadError]
-    if "distributed" in sys.modules:
-        errors.append(sys.modules["distributed"].KilledWorker)
-    return tuple(errors)
 
 
 @dataclass
@@ -714,7 +692,7 @@ class KLCertified(Mechanism):
         the private rows under replace-one)."""
         return bool(public.get("classes_declared")) and not public.get("frame_from_data")
 
-    def _response_plan(self, data, epsilon: float, delta: float):
+    def _response_plan(self, data, epsilon: float, delta: float, pooled=None):
         """The randomized-response design (label flip): reported labels, then
         :func:`.design.response_estimate` in the public whitened frame."""
         from ...stream import Source
@@ -723,7 +701,7 @@ class KLCertified(Mechanism):
         declared = bool(getattr(data, "classes_declared", False))
         K, d = len(data.classes), data.n_features
         if isinstance(data, Source):
-            m0, sample = data.pooled_and_sample()
+            m0, sample = data.pooled_and_sample() if pooled is None else pooled
             N, mean, M2 = int(round(m0.counts[0])), m0.means[0], m0.scatters[0]
             C = M2 / (N - 1) if N > 1 else np.zeros((d, d))
             check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)),
@@ -760,8 +738,15 @@ class KLCertified(Mechanism):
                   "response": {"classes": K,
                                "keep": response_probabilities(epsilon, K)[0]},
                   "classes_declared": declared, "frame_from_data": False}
+        def public_model() -> GMM:
+            # the public features alone: their mean and covariance for every class
+            covs = np.broadcast_to(frame.cov_to_raw(np.eye(d)), (K, d, d)).copy()
+            return GMM(np.full(K, 1.0 / K), np.broadcast_to(frame.centre, (K, d)).copy(), covs,
+                       classes)
+
         return response_plan(data, name=self.name, epsilon=epsilon, frame=frame,
-                             estimate=estimate, guarantee=guarantee, public=public)
+                             estimate=estimate, guarantee=guarantee, public=public,
+                             fallback=public_model)
 
     def check_claim(self, *, epsilon, delta, public) -> None:
         """The recorded budget must be the one (epsilon, delta) gives: the Gaussian design's
@@ -825,12 +810,14 @@ class KLCertified(Mechanism):
         if not lf and options["design"] == "response":
             raise ValueError("design='response' (randomized response on the labels) needs "
                              "label-flip adjacency: under replace-one the features are private")
+        # a chunked source's features are read once (count, mean, scatter, the row sample)
+        pooled = data.pooled_and_sample() if lf and isinstance(data, Source) else None
         if lf and options["design"] != "gaussian":
             K0 = len(data.resolve_classes()) if isinstance(data, Source) else data.n_classes
-            n0 = _n_rows(data)
+            n0 = int(round(pooled[0].counts[0])) if pooled else data.n_samples
             if options["design"] == "response" or choose_design(
                     epsilon, delta, n0, K0, data.n_features) == "response":
-                return self._response_plan(data, epsilon, delta)
+                return self._response_plan(data, epsilon, delta, pooled)
 
         def budget_for(n_samples: int) -> Budget:
             return release_budget(epsilon, delta, relation, n_samples, data.n_features)
@@ -838,7 +825,7 @@ class KLCertified(Mechanism):
         extra = {}
         if isinstance(data, Source):  # streamed: passes over chunks, bounded memory
             got = stream_inputs(data, relation, bool(options["bounds_from_data"]),
-                                options["norm_bound"], budget_for)
+                                options["norm_bound"], budget_for, pooled)
             frame, rows, N, R = got["frame"], got["rows"], got["N"], got["R"]
             total_scatter, sums, counts = got["total_scatter"], got["sums"], got["counts"]
             total_sums, where, window = got["total_sums"], got["where"], got["window"]
@@ -876,6 +863,8 @@ class KLCertified(Mechanism):
             if lf:
                 A = np.take(A, order, axis=0)
                 sums = np.stack([A[b].sum(axis=0) for b in blocks])
+        if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
+            where = "the public bound"  # too few rows to locate at this budget
         pub = PublicInputs(
             relation=relation.value, n_samples=N, n_classes=K, n_features=d, frame=frame,
             budget=budget, radius=R,
