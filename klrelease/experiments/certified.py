@@ -75,6 +75,15 @@ def _box(X: np.ndarray, width: float):
     return c - h, c + h
 
 
+def _start(study: str, out, quick: bool, trials: int | None) -> tuple[Path, str]:
+    """The results folder (``out/certified``, created) and the command that reruns a study."""
+    folder = Path(out) / "certified"
+    folder.mkdir(parents=True, exist_ok=True)
+    command = (f"klrelease experiment {study}" + (" --quick" if quick else "")
+               + (f" --draws {trials}" if trials else "") + f" --out {out}")
+    return folder, command
+
+
 def _reference(X, y, K) -> GMM:
     fit = fit_gmm(X, y, classes=range(K))
     return GMM(fit.weights, fit.means, fit.covariances, tuple(range(K)))
@@ -83,12 +92,9 @@ def _reference(X, y, K) -> GMM:
 def run_certified(out: Path, *, quick: bool = False, trials: int | None = None,
                   log=print) -> Path:
     """Run the comparison; write ``results.csv`` and ``results.md`` under ``out/certified``."""
-    folder = Path(out) / "certified"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder, command = _start("certified", out, quick, trials)
     draws = trials or (10 if quick else 100)
     epsilons = (0.5, 5.0) if quick else EPSILONS
-    command = ("klrelease experiment certified" + (" --quick" if quick else "")
-               + (f" --draws {trials}" if trials else "") + f" --out {out}")
     rows = []
     for i, (name, X, y) in enumerate(certified_datasets()):
         if quick and i >= 2:  # a reduced run: Iris and the synthetic setting
@@ -239,12 +245,9 @@ def run_loose_bounds(out: Path, *, quick: bool = False, trials: int | None = Non
                      log=print) -> Path:
     """Run the loose-bounds study; write ``loose_bounds.csv`` and ``loose_bounds.md`` under
     ``out/certified``."""
-    folder = Path(out) / "certified"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder, command = _start("loose-bounds", out, quick, trials)
     draws = trials or (4 if quick else 40)
     epsilons = (1.0, 5.0) if quick else LOOSE_EPSILONS
-    command = ("klrelease experiment loose-bounds" + (" --quick" if quick else "")
-               + (f" --draws {trials}" if trials else "") + f" --out {out}")
     rows = []
     for name, X, y, note in loose_datasets():
         K = int(y.max()) + 1
