@@ -20,7 +20,7 @@ import numpy as np
 
 from .rows import clip_to_bounds, clip_to_norm
 
-__all__ = ["Domain"]
+__all__ = ["Domain", "SCALES", "check_scales"]
 
 #: Where a domain comes from, as recorded in artifacts.
 SOURCES = ("public bounds", "public norm bound", "features")
@@ -227,3 +227,22 @@ class Domain:
 
     def __hash__(self) -> int:
         return hash(repr(self.to_json()))
+
+
+#: Public scales (feature standard deviations under label flip, the bound's half-widths under
+#: replace-one) a release can work in: the covariances are their squares, in floating point.
+SCALES = (1e-150, 1e150)
+
+
+def check_scales(scales, what: str) -> None:
+    """Refuse, before any noise, public scales whose squares leave the floating-point range
+    (a function of public inputs: the features under label flip, the bound under replace-one;
+    all-zero scales, a constant dataset, are fine)."""
+    s = np.abs(np.asarray(scales, dtype=float))
+    lo, hi = SCALES
+    pos = s[s > 0]
+    if not np.all(np.isfinite(s)) or (pos.size and (pos.max() > hi or pos.min() < lo)):
+        raise ValueError(
+            f"{what} must lie between {lo:g} and {hi:g} (the released "
+            "covariances are their squares, in floating point); give the features in other "
+            "units")

@@ -454,3 +454,15 @@ def test_an_edited_claim_does_not_match_the_recorded_design(iris, eps):
         doc["privacy"]["delta"] = 1e-12
         with pytest.raises(ValueError, match="tampered"):
             kr.Release.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize("design", ["gaussian", "response"])
+def test_tiny_scales_with_a_constant_feature_release_a_valid_model(design):
+    """A constant feature beside features of standard deviation 1e-145 (within the accepted
+    scales): the release completes with a positive definite model at any epsilon."""
+    rng = np.random.default_rng(0)
+    X = np.column_stack([np.ones(60), rng.normal(size=(60, 2)) * 1e-145])
+    y = np.repeat([0, 1, 2], 20)
+    for eps in (1.0, 100.0):
+        rel = kr.release(X, y, epsilon=eps, delta=1e-5, classes=[0, 1, 2], design=design)
+        np.linalg.cholesky(rel.gmm.covariances)

@@ -212,3 +212,33 @@ def test_a_source_failing_while_the_labels_are_drawn_still_releases():
                        delta=1e-6, design="response", seed=2)
     assert "public features alone" in r.options["fallback"]
     assert r.gmm.weights.shape == (3,) and np.all(np.isfinite(r.gmm.means))
+
+
+def test_large_epsilon_still_randomises_and_never_rounds_the_ratio_up():
+    """Above EPS_MAX the labels are randomised at EPS_MAX (more private, so the claim holds);
+    the chance of a change is computed directly, not as 1 - p (which rounds to 0 past eps of
+    about 37), and the sampler rounds it up."""
+    from klrelease.privacy.response import EPS_MAX
+
+    p, q = response_probabilities(1000.0, 3)
+    assert q > 0 and (p, q) == response_probabilities(EPS_MAX, 3)
+    rng = np.random.default_rng(0)
+    codes = np.zeros(2_000_000, dtype=np.int64)
+    changed = np.count_nonzero(respond(codes, 3, 8.0, rng))
+    expected = codes.size * 2 * response_probabilities(8.0, 3)[1]
+    assert abs(changed - expected) < 5 * np.sqrt(expected)
+
+
+def test_a_streamed_label_outside_the_classes_fails_before_any_noise():
+    from klrelease.privacy.guarantee import BudgetAccountant
+    from klrelease.stream import ArraySource
+
+    X, y = synthetic_gmm_data(N=100, K=2, d=2, seed=1)
+    y = y.copy()
+    y[5] = 7
+    for mech, opts in (("kl-certified", {"design": "response"}), ("randomized-response", {})):
+        acc = BudgetAccountant(10.0, 0.5)
+        with pytest.raises(ValueError, match="declared classes"):
+            kr.release(ArraySource(X, y, classes=[0, 1], chunk_rows=30), None, epsilon=2.0,
+                       delta=1e-5, mechanism=mech, accountant=acc, **opts)
+        assert len(acc.spent) == 0

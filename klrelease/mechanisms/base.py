@@ -50,6 +50,7 @@ __all__ = [
     "COMPONENTS",
     "Int",
     "Float",
+    "last_resort",
 ]
 
 COMPONENTS = ("weights", "means", "covariances")
@@ -337,3 +338,17 @@ def _option_error(mechanism: Mechanism, exc: ValidationError) -> str:
 def check_options(mechanism: Mechanism, options: Mapping[str, Any]) -> dict[str, Any]:
     """Validate ``options`` against the mechanism's :attr:`~Mechanism.Options` (defaults filled)."""
     return mechanism.validate_options(options).as_dict()
+
+
+def last_resort(model, K: int, d: int, classes) -> GMM:
+    """``model()`` checked as the artifact will check it, or, if even that fails, the model of
+    no data at all (equal weights, means 0, unit covariances): a release never fails after
+    noise was drawn."""
+    from ..artifact import _check_gmm
+
+    try:
+        with np.errstate(all="ignore"):
+            return _check_gmm(model())
+    except (ValueError, np.linalg.LinAlgError, FloatingPointError):
+        return GMM(np.full(K, 1.0 / K), np.zeros((K, d)), np.broadcast_to(np.eye(d), (K, d, d)
+                                                                            ).copy(), classes)

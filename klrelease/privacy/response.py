@@ -24,29 +24,38 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["response_probabilities", "respond", "response_logpmf", "debiased_sums",
+__all__ = ["EPS_MAX", "response_probabilities", "respond", "response_logpmf", "debiased_sums",
            "response_dp_event", "row_variances"]
+
+
+#: The largest epsilon randomized response is run at. Beyond it the chance of changing a label
+#: (about (K - 1) e^-eps) is near the resolution of a double, where a sampler's rounding would
+#: change the ratio it guarantees; a release at a larger epsilon is run at this one, which is
+#: more private (an (EPS_MAX, 0)-DP release is (eps, 0)-DP for every eps >= EPS_MAX) and
+#: changes a label with probability about 1e-13.
+EPS_MAX = 30.0
 
 
 def response_probabilities(epsilon: float, n_classes: int) -> tuple[float, float]:
     """``(p, q)``: the probability of keeping a label and of reporting one given other class,
-    computed without overflow for large epsilon."""
+    at ``min(epsilon, EPS_MAX)``."""
     K = int(n_classes)
     if K < 2:
         raise ValueError("randomized response needs at least two classes")
-    t = float(np.exp(-float(epsilon)))  # e^-eps, 0 for very large eps
+    t = float(np.exp(-min(float(epsilon), EPS_MAX)))  # e^-eps
     q = t / (1.0 + (K - 1) * t)
     return 1.0 - (K - 1) * q, q
 
 
 def respond(codes: np.ndarray, n_classes: int, epsilon: float,
             rng: np.random.Generator) -> np.ndarray:
-    """Reported labels: each code kept with probability ``p``, else one of the other classes
-    uniformly at random."""
+    """Reported labels: each code changed with probability ``(K - 1) q`` into one of the other
+    classes uniformly at random (at ``min(epsilon, EPS_MAX)``)."""
     codes = np.asarray(codes, dtype=np.int64)
     K = int(n_classes)
-    p, _ = response_probabilities(epsilon, K)
-    flip = rng.random(codes.shape[0]) >= p
+    _, q = response_probabilities(epsilon, K)
+    # the chance of a change, (K - 1) q, computed directly (not as 1 - p, which rounds to 0)
+    flip = rng.random(codes.shape[0]) < (K - 1) * q
     other = (codes + rng.integers(1, K, size=codes.shape[0])) % K
     return np.where(flip, other, codes)
 

@@ -177,13 +177,16 @@ class Source:
         """
         return self.scan(_ChunkMoments(len(self.resolve_classes()), f), _merge_moments, None)
 
-    def pooled_and_sample(self, size: int | None = None) -> tuple[ClassMoments, np.ndarray]:
-        """One pass over the features (labels are not read): the count, mean and centred
-        scatter of all rows (as one class), and the :mod:`~klrelease.stream.sample` of
-        ``size`` rows (default :data:`~klrelease.stream.sample.SAMPLE_ROWS`) chosen by their
-        index. For public features only (label flip)."""
+    def pooled_and_sample(self, size: int | None = None, *, check_labels: bool = False
+                          ) -> tuple[ClassMoments, np.ndarray]:
+        """One pass over the features: the count, mean and centred scatter of all rows (as
+        one class), and the :mod:`~klrelease.stream.sample` of ``size`` rows (default
+        :data:`~klrelease.stream.sample.SAMPLE_ROWS`) chosen by their index. For public
+        features only (label flip). The labels are not used; with ``check_labels`` every one
+        is validated (among the declared classes) in the same pass, before any noise."""
+        classes = self.resolve_classes() if check_labels else None
         self.resolve_classes()
-        m, s = self.reduce(_PooledSample(self.n_features, size), _merge_pairs, None,
+        m, s = self.reduce(_PooledSample(self.n_features, size, classes), _merge_pairs, None,
                            indexed=True)
         return m, s.values()
 
@@ -322,9 +325,10 @@ class _ChunkSums:
 class _PooledSample:
     d: int
     size: int | None
+    classes: tuple | None = None  # validate the labels too
 
     def __call__(self, X, y, offset):
-        X = _chunk(X, y, self.d, None)[0]
+        X = _chunk(X, y, self.d, self.classes)[0]
         return pooled_moments(X), RowSample.of(X, offset, self.size)
 
 

@@ -19,7 +19,11 @@ changes by a factor at most ``p / q = e^eps``. The release is (eps, 0)-DP, hence
 (eps, delta)-DP for every delta >= 0, under label flip. Everything after the reported labels
 (the debiasing, the projections, the standardisation from the public features) is
 post-processing. Its ``dp_accounting`` event is ``RandomizedResponseDpEvent(K q, K)``
-(:func:`~klrelease.privacy.response.response_dp_event`), so releases compose by PLD. The
+(:func:`~klrelease.privacy.response.response_dp_event`); ``BudgetAccountant`` composes it
+exactly with other releases (``dp_accounting``'s PLD under REPLACE_ONE gives the same). The
+sampler rounds the chance of changing a label up, never down, and runs at eps = 30 above that
+(more private): see ``klrelease/privacy/response.py``. Not available on Dask sources (the
+workers would hold the noise key); a chunked source's labels are validated before any noise. The
 test ``tests/test_response.py`` checks the output law against the claim (exact likelihood
 ratio over neighbours and the project's audit). With classes read from the labels instead of
 declared, which classes occur is not protected: such a release warns and is not certified.
@@ -30,12 +34,13 @@ from __future__ import annotations
 import numpy as np
 
 from ...data import LabelledData
+from ...domain import check_scales
 from ...gmm import GMM
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import PureCurve
 from ...privacy.projections import project_simplex
 from ...privacy.response import ReportedMoments, debiased_moments, response_dp_event
-from ..base import Guarantee, Mechanism, MechanismOptions
+from ..base import Guarantee, Mechanism, MechanismOptions, last_resort
 from ..registry import register
 from ..response import ResponsePlan, response_guarantee, response_plan
 
@@ -78,17 +83,26 @@ def plain_estimate(m: ReportedMoments, *, epsilon: float, n_classes: int, n_samp
 
 
 def standardised_frame(data) -> tuple[Standardised, int]:
-    """The public standardising frame and N (one pass over the features of a source)."""
+    """The public standardising frame and N (one pass over the features of a source, which
+    also validates every label before any noise), its scales checked (:func:`check_scales`).
+    """
     from ...stream import Source
 
     if isinstance(data, Source):
-        m0, _ = data.pooled_and_sample(size=1)
+        m0, _ = data.pooled_and_sample(size=1, check_labels=True)
         N = int(round(m0.counts[0]))
         var = np.diag(m0.scatters[0]) / max(N - 1, 1)
-        return Standardised(m0.means[0], np.sqrt(np.maximum(var, 0.0))), N
-    X = data.X
-    sd = X.std(axis=0, ddof=1) if X.shape[0] > 1 else np.zeros(X.shape[1])
-    return Standardised(X.mean(axis=0), sd), data.n_samples
+        mean, sd = m0.means[0], np.sqrt(np.maximum(var, 0.0))
+    else:
+        X = data.X
+        N = data.n_samples
+        with np.errstate(all="ignore"):
+            check_scales(np.max(np.abs(X), axis=0) if N else np.zeros(X.shape[1]),
+                         f"{RandomizedResponse.name}: the features' magnitudes")
+            mean = X.mean(axis=0)
+            sd = X.std(axis=0, ddof=1) if N > 1 else np.zeros(X.shape[1])
+    check_scales(sd, f"{RandomizedResponse.name}: the features' standard deviations")
+    return Standardised(mean, sd), N
 
 
 @register
@@ -120,9 +134,15 @@ class RandomizedResponse(Mechanism):
         from ...stream import Source
 
         if isinstance(data, Source):
+            from ...stream.sources import DaskSource
+
+            if isinstance(data, DaskSource):
+                raise ValueError(f"{self.name} draws every label's noise where the rows are "
+                                 "read, and on a Dask cluster the workers would hold its key: "
+                                 "read the data with another source")
             data.resolve_classes()
         declared = bool(getattr(data, "classes_declared", False))
-        K = len(data.classes)
+        K, d = len(data.classes), data.n_features
         guarantee = response_guarantee(self.name, epsilon, delta, K, declared,
                                        "klrelease/mechanisms/baselines/randomized_response.py")
         frame, N = standardised_frame(data)
@@ -132,14 +152,14 @@ class RandomizedResponse(Mechanism):
         classes = data.classes
 
         def estimate(m: ReportedMoments) -> GMM:
-            return plain_estimate(m, epsilon=epsilon, n_classes=K, n_samples=N, frame=frame,
-                                  classes=classes)
+            return last_resort(lambda: plain_estimate(m, epsilon=epsilon, n_classes=K,
+                                                      n_samples=N, frame=frame,
+                                                      classes=classes), K, d, classes)
 
         def public_model() -> GMM:
-            covs = np.broadcast_to(np.diag(frame.sd**2), (K, frame.sd.size,
-                                                          frame.sd.size)).copy()
-            return GMM(np.full(K, 1.0 / K), np.broadcast_to(frame.mean, (K, frame.sd.size)
-                                                            ).copy(), covs, classes)
+            covs = np.broadcast_to(np.diag(frame.sd**2), (K, d, d)).copy()
+            return last_resort(lambda: GMM(np.full(K, 1.0 / K), np.broadcast_to(
+                frame.mean, (K, d)).copy(), covs, classes), K, d, classes)
 
         return response_plan(data, name=self.name, epsilon=epsilon, frame=frame,
                              estimate=estimate, guarantee=guarantee, public=public,

@@ -33,14 +33,14 @@ from pydantic import Field
 
 from ..._threads import blas_single_thread
 from ...data import LabelledData
-from ...domain import Domain
+from ...domain import SCALES, Domain, check_scales
 from ...gmm import GMM
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...privacy.response import debiased_moments
 from ...statistics import affine_rows, clip_to_norm
 from ...warnings_ import warn_privacy
-from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan
+from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan, last_resort
 from ..registry import register
 from ..response import _source_errors, quiet, response_guarantee, response_plan
 from .design import (
@@ -98,25 +98,6 @@ ASSUMPTIONS = (
 )
 
 
-#: Public scales (feature standard deviations under label flip, the bound's half-widths under
-#: replace-one) a release can work in: the covariances are their squares, in floating point.
-SCALES = (1e-150, 1e150)
-
-
-def check_scales(scales, what: str) -> None:
-    """Refuse, before any noise, public scales whose squares leave the floating-point range
-    (a function of public inputs: the features under label flip, the bound under replace-one;
-    all-zero scales, a constant dataset, are fine)."""
-    s = np.abs(np.asarray(scales, dtype=float))
-    lo, hi = SCALES
-    pos = s[s > 0]
-    if not np.all(np.isfinite(s)) or (pos.size and (pos.max() > hi or pos.min() < lo)):
-        raise ValueError(
-            f"kl-certified: {what} must lie between {lo:g} and {hi:g} (the released "
-            "covariances are their squares, in floating point); give the features in other "
-            "units")
-
-
 def whitening_frame(centre: np.ndarray, C: np.ndarray) -> Frame:
     """The label-flip frame of features with mean ``centre`` and covariance ``C``.
 
@@ -127,7 +108,9 @@ def whitening_frame(centre: np.ndarray, C: np.ndarray) -> Frame:
     """
     sd = np.sqrt(np.maximum(np.diag(C), 0.0))
     if np.isfinite(sd.max()) and sd.max() > 0:
-        sd = np.maximum(sd, 1e-12 * sd.max())
+        # a constant feature's scale: 1e-12 of the largest, never below the smallest scale
+        # whose square a double holds (SCALES)
+        sd = np.maximum(sd, max(1e-12 * sd.max(), SCALES[0]))
     else:  # every feature constant (public under label flip)
         mag = np.abs(np.asarray(centre, dtype=float))
         sd = np.where(np.isfinite(mag) & (mag > 0), mag, 1.0)
@@ -383,6 +366,12 @@ def sample_radius(frame: Frame, sample: np.ndarray, budget: Budget, n_samples: i
 #: with the better one in 79% of the 200 cells); c0 includes a margin of 0.1 toward the
 #: response design, whose E[KL] is never far above randomized response's.
 DESIGN_RULE = (0.863, 1.436, -0.248, 0.528, -0.48)
+
+
+def _on_dask(source) -> bool:
+    from ...stream.sources import DaskSource
+
+    return isinstance(source, DaskSource)
 
 
 def choose_design(epsilon: float, delta: float, n_samples: int, n_classes: int,
@@ -670,7 +659,8 @@ def _fallback_gmm(plan: KLCertifiedPlan, output: dict) -> GMM:
     else:
         m1 = np.zeros((K, d))
     covs = np.broadcast_to(pub.frame.cov_to_raw(np.eye(d)), (K, d, d)).copy()
-    return GMM(w, pub.frame.mean_to_raw(m1), covs, plan.classes)
+    return last_resort(lambda: GMM(w, pub.frame.mean_to_raw(m1), covs, plan.classes), K, d,
+                       plan.classes)
 
 
 @register
@@ -728,7 +718,8 @@ class KLCertified(Mechanism):
                 # frame's centre and unit covariance (post-processing of the same output)
                 w = released_weights(debiased_moments(m, K, epsilon)[0], N, K)
                 covs = np.broadcast_to(frame.cov_to_raw(np.eye(d)), (K, d, d)).copy()
-                return GMM(w, np.broadcast_to(frame.centre, (K, d)).copy(), covs, classes)
+                return last_resort(lambda: GMM(w, np.broadcast_to(frame.centre, (K, d)).copy(),
+                                               covs, classes), K, d, classes)
 
         from ...privacy.response import response_probabilities
 
@@ -741,8 +732,8 @@ class KLCertified(Mechanism):
         def public_model() -> GMM:
             # the public features alone: their mean and covariance for every class
             covs = np.broadcast_to(frame.cov_to_raw(np.eye(d)), (K, d, d)).copy()
-            return GMM(np.full(K, 1.0 / K), np.broadcast_to(frame.centre, (K, d)).copy(), covs,
-                       classes)
+            return last_resort(lambda: GMM(np.full(K, 1.0 / K), np.broadcast_to(
+                frame.centre, (K, d)).copy(), covs, classes), K, d, classes)
 
         return response_plan(data, name=self.name, epsilon=epsilon, frame=frame,
                              estimate=estimate, guarantee=guarantee, public=public,
@@ -811,12 +802,18 @@ class KLCertified(Mechanism):
             raise ValueError("design='response' (randomized response on the labels) needs "
                              "label-flip adjacency: under replace-one the features are private")
         # a chunked source's features are read once (count, mean, scatter, the row sample)
-        pooled = data.pooled_and_sample() if lf and isinstance(data, Source) else None
+        pooled = (data.pooled_and_sample(check_labels=True) if lf and isinstance(data, Source)
+                  else None)
         if lf and options["design"] != "gaussian":
             K0 = len(data.resolve_classes()) if isinstance(data, Source) else data.n_classes
             n0 = int(round(pooled[0].counts[0])) if pooled else data.n_samples
-            if options["design"] == "response" or choose_design(
-                    epsilon, delta, n0, K0, data.n_features) == "response":
+            dask = isinstance(data, Source) and _on_dask(data)
+            if options["design"] == "response" and dask:
+                raise ValueError("design='response' draws every label's noise where the rows "
+                                 "are read, and on a Dask cluster the workers would hold its "
+                                 "key: use design='gaussian' (the default there)")
+            if not dask and (options["design"] == "response" or choose_design(
+                    epsilon, delta, n0, K0, data.n_features) == "response"):
                 return self._response_plan(data, epsilon, delta, pooled)
 
         def budget_for(n_samples: int) -> Budget:
