@@ -38,7 +38,7 @@ from pydantic import (
 )
 
 from ._version import __version__
-from .gmm import GMM
+from .gmm import GMM, check_gmm
 from .neighbours import Adjacency
 
 __all__ = ["Release", "FailDocument", "PrivacyBlock", "SolverBlock", "RandomnessBlock",
@@ -63,19 +63,8 @@ def _gmm_from_any(value: Any) -> GMM:
     raise ValueError("gmm must be a GMM or a mapping with weights, means, covariances")
 
 
-def _check_gmm(g: GMM) -> GMM:
-    """Covariances symmetric positive definite, class labels distinct."""
-    c = g.covariances
-    scale = max(float(np.max(np.abs(c))), 1.0)
-    if np.max(np.abs(c - np.swapaxes(c, -1, -2))) > 1e-9 * scale:
-        raise ValueError("covariances must be symmetric")
-    try:
-        np.linalg.cholesky(c)
-    except np.linalg.LinAlgError:
-        raise ValueError("covariances must be positive definite") from None
-    if len(set(map(str, g.classes))) != len(g.classes):
-        raise ValueError("class labels must be distinct")
-    return g
+#: the checks an artifact makes of its model (kept in :mod:`klrelease.gmm`)
+_check_gmm = check_gmm
 
 
 def _gmm_to_dict(g: GMM) -> dict:

@@ -36,7 +36,7 @@ import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
 from ..data import LabelledData
-from ..gmm import GMM
+from ..gmm import GMM, check_gmm
 from ..neighbours import Adjacency
 from ..privacy.guarantee import Guarantee
 
@@ -344,11 +344,9 @@ def last_resort(model, K: int, d: int, classes) -> GMM:
     """``model()`` checked as the artifact will check it, or, if even that fails, the model of
     no data at all (equal weights, means 0, unit covariances): a release never fails after
     noise was drawn."""
-    from ..artifact import _check_gmm
-
     try:
         with np.errstate(all="ignore"):
-            return _check_gmm(model())
+            return check_gmm(model())
     except (ValueError, np.linalg.LinAlgError, FloatingPointError):
         return GMM(np.full(K, 1.0 / K), np.zeros((K, d)), np.broadcast_to(np.eye(d), (K, d, d)
                                                                             ).copy(), classes)

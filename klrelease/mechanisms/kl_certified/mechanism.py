@@ -34,7 +34,7 @@ from pydantic import Field
 from ..._threads import blas_single_thread
 from ...data import LabelledData
 from ...domain import SCALES, Domain, check_scales
-from ...gmm import GMM
+from ...gmm import GMM, check_gmm
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...privacy.response import debiased_moments
@@ -628,11 +628,9 @@ class KLCertifiedPlan(Plan):
             # the source failed after noise was drawn (see sample)
             self.fallbacks += 1
             return _fallback_gmm(self, output)
-        from ...artifact import _check_gmm
-
         try:
             w, m, c = estimate(self.working(output), output)
-            return _check_gmm(GMM(w, m, c, self.classes))  # what the artifact will require
+            return check_gmm(GMM(w, m, c, self.classes))  # what the artifact will require
         except (ValueError, np.linalg.LinAlgError, FloatingPointError):
             # Never fail after noise was drawn: a cruder post-processing of the same released
             # values (stage-A centres, the frame's unit covariance) keeps the release valid.
@@ -707,12 +705,10 @@ class KLCertified(Mechanism):
                                        "klrelease/mechanisms/kl_certified/kl_certified.md")
 
         def estimate(m):
-            from ...artifact import _check_gmm
-
             try:
                 w, mu, covs = response_estimate(m, epsilon=epsilon, n_classes=K, n_samples=N,
                                                 frame=frame, public_rows=rows)
-                return _check_gmm(GMM(w, mu, covs, classes))
+                return check_gmm(GMM(w, mu, covs, classes))
             except (ValueError, np.linalg.LinAlgError, FloatingPointError):
                 # never fail after the labels were drawn: the released weights with the
                 # frame's centre and unit covariance (post-processing of the same output)
