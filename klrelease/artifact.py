@@ -13,6 +13,11 @@ trusted: it is recomputed from the mechanism, its settings and how the noise was
 seeded release is never certified), and an artifact whose flag disagrees is refused as a
 tampered claim. The ``statement`` and ``reasons`` are explanatory text written at release
 time; they are shown as stored and not checked: the flag is what decides.
+
+An artifact issued by the release service carries a ``signature`` (Ed25519 over the rest of
+the document, :mod:`klrelease.service.signing`). ``Release.from_json(text, public_key=...)``
+checks it against a trusted public key before anything else, so that any edit, however
+consistent, is caught; artifacts without a signature load as before when no key is given.
 """
 
 from __future__ import annotations
@@ -33,11 +38,12 @@ from pydantic import (
 )
 
 from ._version import __version__
-from .gmm import GMM
+from .gmm import GMM, check_gmm
 from .neighbours import Adjacency
 
 __all__ = ["Release", "FailDocument", "LearnerRelease", "PrivacyBlock", "LearnerPrivacyBlock",
-           "SolverBlock", "RandomnessBlock", "SCHEMA_VERSION", "read_document", "load_model"]
+           "SolverBlock", "RandomnessBlock", "SignatureBlock", "SCHEMA_VERSION", "read_document",
+           "load_model"]
 
 SCHEMA_VERSION = "2.0"
 
@@ -58,19 +64,8 @@ def _gmm_from_any(value: Any) -> GMM:
     raise ValueError("gmm must be a GMM or a mapping with weights, means, covariances")
 
 
-def _check_gmm(g: GMM) -> GMM:
-    """Covariances symmetric positive definite, class labels distinct."""
-    c = g.covariances
-    scale = max(float(np.max(np.abs(c))), 1.0)
-    if np.max(np.abs(c - np.swapaxes(c, -1, -2))) > 1e-9 * scale:
-        raise ValueError("covariances must be symmetric")
-    try:
-        np.linalg.cholesky(c)
-    except np.linalg.LinAlgError:
-        raise ValueError("covariances must be positive definite") from None
-    if len(set(map(str, g.classes))) != len(g.classes):
-        raise ValueError("class labels must be distinct")
-    return g
+#: the checks an artifact makes of its model (kept in :mod:`klrelease.gmm`)
+_check_gmm = check_gmm
 
 
 def _gmm_to_dict(g: GMM) -> dict:
@@ -146,6 +141,17 @@ class RandomnessBlock(BaseModel):
     note: str = ""
 
 
+class SignatureBlock(BaseModel):
+    """The issuer's signature of the rest of the document (checked against a trusted key by
+    ``from_json(text, public_key=...)``, not on its own)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    algorithm: str
+    key_id: str
+    value: str
+
+
 class Release(BaseModel):
     """A differentially private (or, where stated, uncertified) GMM release."""
 
@@ -163,6 +169,7 @@ class Release(BaseModel):
     settings: dict[str, Any] = Field(description="the validated mechanism options")
     solver: SolverBlock | None = None
     randomness: RandomnessBlock
+    signature: SignatureBlock | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Release:
@@ -172,19 +179,19 @@ class Release(BaseModel):
 
     def to_json(self, *, indent: int | None = 2) -> str:
         """The artifact as a JSON string."""
-        return self.model_dump_json(indent=indent)
+        return self.model_dump_json(indent=indent, exclude=_unsigned(self))
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> Release:
-        """Read an artifact written by :meth:`to_json` (checks the schema version)."""
-        import json
+    def from_json(cls, text: str | bytes, *, public_key=None) -> Release:
+        """Read an artifact written by :meth:`to_json` (checks the schema version).
 
+        With ``public_key`` (PEM text, a key object, or the JSON of a service's
+        ``GET /v1/key``) the artifact must carry a signature by that key over exactly this
+        content: an unsigned, re-signed or edited artifact raises ``ValueError``.
+        """
         from pydantic import ValidationError
 
-        try:
-            doc = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ValueError("not a valid klrelease artifact (not JSON)") from None
+        doc = _parse(text, public_key)
         version = doc.get("schema_version") if isinstance(doc, dict) else None
         if not isinstance(version, str) or version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
             raise ValueError(
@@ -203,15 +210,16 @@ class Release(BaseModel):
         Path(path).write_text(self.to_json())
 
     @classmethod
-    def load(cls, path) -> Release:
-        """Read an artifact from ``path``."""
+    def load(cls, path, *, public_key=None) -> Release:
+        """Read an artifact from ``path`` (its signature checked with ``public_key``, if
+        given)."""
         from pathlib import Path
 
         try:
             text = Path(path).read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
-        return cls.from_json(text)
+        return cls.from_json(text, public_key=public_key)
 
     def summary(self) -> str:
         """A short human-readable description."""
@@ -250,6 +258,7 @@ class FailDocument(BaseModel):
     settings: dict[str, Any] = Field(default_factory=dict)
     diagnostics: dict[str, Any] = Field(default_factory=dict)
     randomness: RandomnessBlock
+    signature: SignatureBlock | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> FailDocument:
@@ -377,25 +386,25 @@ def _check_learner_claim(doc, kind: str) -> None:
                          "budget")
 
 
-def load_model(path) -> Release | LearnerRelease:
+def load_model(path, *, public_key=None) -> Release | LearnerRelease:
     """A document that holds a released GMM (a release or a learner's), validated; a FAIL
     document raises ``ValueError`` (it has no model)."""
-    doc = read_document(path)
+    doc = read_document(path, public_key=public_key)
     if isinstance(doc, FailDocument):
         raise ValueError(f"{path} is a FAIL document from {doc.source}: it holds no model")
     return doc
 
 
-def read_document(path) -> Release | LearnerRelease | FailDocument:
+def read_document(path, *, public_key=None) -> Release | LearnerRelease | FailDocument:
     """Read a release artifact, a learner's artifact or a FAIL document from ``path``
-    (validated).
+    (validated; its signature checked with ``public_key``, if given).
 
     Raises
     ------
     ValueError
-        One line: unreadable, not JSON, or not a valid document.
+        One line: unreadable, not JSON, not a valid document, or (with ``public_key``) not
+        signed by that key over exactly this content.
     """
-    import json
     from pathlib import Path
 
     from pydantic import ValidationError
@@ -404,10 +413,7 @@ def read_document(path) -> Release | LearnerRelease | FailDocument:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
-    try:
-        doc = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError("not a valid klrelease artifact (not JSON)") from None
+    doc = _parse(text, public_key)
     if not (isinstance(doc, dict) and doc.get("status") == "FAIL"):
         if isinstance(doc, dict) and "learner" in doc:
             try:
@@ -431,6 +437,10 @@ def _check_claim(doc, kind: str) -> None:
     if opts.adjacency != doc.privacy.neighbouring:
         raise ValueError("privacy: the neighbouring relation does not match the settings")
     expected = doc.randomness.secure and mech.certifies(opts, doc.options)
+    if expected:
+        # the claimed (epsilon, delta) must be what the recorded public design gives
+        mech.check_claim(epsilon=doc.privacy.epsilon, delta=doc.privacy.delta,
+                         public=doc.options)
     if doc.privacy.certified != expected:
         raise ValueError(
             f"tampered privacy claim: the {kind} says certified={doc.privacy.certified}"
@@ -446,3 +456,23 @@ def _invalid(kind: str, exc) -> str:
     where = ".".join(str(x) for x in first.get("loc", ())) or "document"
     msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
     return f"not a valid {kind} ({where}: {msg})"
+
+
+def _parse(text, public_key) -> Any:
+    """The JSON of an artifact, its signature checked first when ``public_key`` is given."""
+    import json
+
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("not a valid klrelease artifact (not JSON)") from None
+    if public_key is not None:
+        from .service.signing import verify_document
+
+        verify_document(doc, public_key)
+    return doc
+
+
+def _unsigned(doc) -> set[str] | None:
+    """Fields left out of an unsigned document's JSON (it reads as before signatures)."""
+    return {"signature"} if doc.signature is None else None

@@ -8,6 +8,8 @@ statistics of the (private) dataset.
 from __future__ import annotations
 
 import csv
+import numbers
+import warnings
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -90,16 +92,19 @@ class LabelledData:
         return replace(self, X=np.asarray(X, dtype=np.float64))
 
 
+def _real_number(value, name: str) -> float:
+    """``value`` as a float when it is a real number (a bool or a string is not one)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.number)) \
+            or isinstance(value, np.complexfloating):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
 def check_privacy_parameters(epsilon: float, delta: float) -> tuple[float, float]:
-    """Validate (epsilon, delta): epsilon > 0 and finite, 0 < delta < 1."""
-    try:
-        eps = float(epsilon)
-    except (TypeError, ValueError):
-        raise ValueError(f"epsilon must be a number, got {epsilon!r}") from None
-    try:
-        dlt = float(delta)
-    except (TypeError, ValueError):
-        raise ValueError(f"delta must be a number, got {delta!r}") from None
+    """Validate (epsilon, delta): real numbers (not booleans or strings), epsilon > 0 and
+    finite, 0 < delta < 1."""
+    eps = _real_number(epsilon, "epsilon")
+    dlt = _real_number(delta, "delta")
     if not np.isfinite(eps) or eps <= 0:
         raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
     if not np.isfinite(dlt) or not 0 < dlt < 1:
@@ -148,8 +153,20 @@ def _lookup_codes(y: np.ndarray, classes: np.ndarray) -> np.ndarray | None:
 def typed_classes(classes) -> tuple:
     """The declared classes, typed by the declaration alone, the same way for arrays, chunked
     sources and the CLI: integers when every one reads as an integer (``3``, ``3.0``, ``"3"``,
-    ``" 03"``); numbers when every one is a number (``0.5``); else text."""
-    classes = list(classes)
+    ``" 03"``); numbers when every one is a number (``0.5``); else text.
+
+    Raises
+    ------
+    ValueError
+        If ``classes`` is a single string or declares no class.
+    """
+    if isinstance(classes, (str, bytes)):
+        raise ValueError("classes must be a list of labels, not one string")
+    classes = list(np.asarray(classes, dtype=object).ravel()) if isinstance(
+        classes, np.ndarray) else list(classes)
+    if not classes:
+        raise ValueError("classes must be a non-empty list of labels: the public set of "
+                         "classes, at least two")
     numbers = all(isinstance(c, (int, float, np.integer, np.floating))
                   and not isinstance(c, (bool, np.bool_)) for c in classes)
     if numbers:
@@ -177,7 +194,39 @@ def _as_declared(y: np.ndarray, classes: tuple) -> np.ndarray:
     return y
 
 
+def _label_kinds(y) -> set[str]:
+    """The kinds of the labels of a list or an object array: number, text, bool, other."""
+    kinds = set()
+    for v in y:
+        if isinstance(v, (bool, np.bool_)):
+            kinds.add("bool")
+        elif isinstance(v, (numbers.Real, np.number)):
+            kinds.add("number")
+        elif isinstance(v, (str, bytes, np.str_, np.bytes_)):
+            kinds.add("text")
+        else:
+            kinds.add("other")
+    return kinds
+
+
+def _check_one_label_type(y) -> None:
+    """Refuse undeclared labels that mix numbers, text and booleans (``[1, "a"]``): numpy
+    would turn them all into text, so that the class ``1`` became ``"1"`` silently."""
+    if getattr(getattr(y, "dtype", None), "kind", "O") != "O":
+        return  # a typed array or series holds one type
+    kinds = _label_kinds(np.asarray(y, dtype=object).ravel())
+    if "other" in kinds:
+        raise ValueError("y must hold integer or string class labels")
+    if len(kinds) > 1:
+        raise ValueError(
+            "y mixes labels of different types (" + " and ".join(sorted(kinds)) + "); give "
+            "labels of one type, or declare classes= (labels are then read as the declared "
+            "classes)")
+
+
 def _encode_labels(y, classes) -> tuple[np.ndarray, tuple]:
+    if classes is None:
+        _check_one_label_type(y)
     y = np.asarray(y)
     if y.ndim == 2 and 1 in y.shape:
         y = y.ravel()
@@ -230,6 +279,20 @@ def _encode_labels(y, classes) -> tuple[np.ndarray, tuple]:
     return codes, tuple(c.item() if hasattr(c, "item") else c for c in classes_arr)
 
 
+def as_real_features(X) -> np.ndarray:
+    """``X`` as a float64 array of real numbers: complex values are refused (their imaginary
+    part would be dropped), and so is anything that is not numeric."""
+    if np.iscomplexobj(X) or (isinstance(X, np.ndarray) and X.dtype.kind == "O" and any(
+            isinstance(v, (complex, np.complexfloating)) for v in X.ravel())):
+        raise ValueError("X must hold real numbers; complex values are not supported")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", np.exceptions.ComplexWarning)
+            return np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError, np.exceptions.ComplexWarning):
+        raise ValueError("X must be a numeric array of shape (n_samples, n_features)") from None
+
+
 def as_labelled_data(
     X,
     y,
@@ -271,16 +334,15 @@ def as_labelled_data(
         if bounds is None and norm_bound is None:
             return X
         return replace(X, domain=Domain.from_public(bounds, norm_bound, X.n_features))
-    try:
-        X = np.asarray(X, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError("X must be a numeric array of shape (n_samples, n_features)") from None
+    X = as_real_features(X)
     if X.ndim != 2:
         raise ValueError(f"X must be two-dimensional (n_samples, n_features), got {X.ndim} dims")
     if X.shape[0] == 0 or X.shape[1] == 0:
         raise ValueError("X must have at least one row and one column")
     if not np.all(np.isfinite(X)):
         raise ValueError("X contains NaN or infinite values")
+    if classes is None:
+        _check_one_label_type(y)
     y_arr = np.asarray(y)
     if y_arr.ndim == 2 and 1 in y_arr.shape:
         y_arr = y_arr.ravel()

@@ -18,7 +18,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["Domain"]
+from .rows import clip_to_bounds, clip_to_norm
+
+__all__ = ["Domain", "SCALES", "check_scales"]
 
 #: Where a domain comes from, as recorded in artifacts.
 SOURCES = ("public bounds", "public norm bound", "features")
@@ -84,6 +86,8 @@ class Domain:
             raise ValueError("bounds must be finite")
         if np.any(lo >= hi):
             raise ValueError("bounds must satisfy lower < upper for every feature")
+        if not np.all(np.isfinite(hi / 2 - lo / 2) & np.isfinite(2 * (hi / 2 - lo / 2))):
+            raise ValueError("bounds must be finite and less than 1.7e308 apart")
         scalar = d is None and lo.size == 1 and np.ndim(lower) == 0 and np.ndim(upper) == 0
         return cls("box", None if scalar else n, lo, hi, None, source)
 
@@ -162,14 +166,14 @@ class Domain:
     def centre(self) -> np.ndarray:
         """Centre of the domain (the origin for a ball)."""
         if self.kind == "box":
-            return (self.lower + self.upper) / 2.0
+            return self.lower / 2.0 + self.upper / 2.0  # no overflow near the float range
         return np.zeros(self._dim())
 
     @property
     def half_widths(self) -> np.ndarray:
         """Per-feature half-widths of the smallest box containing the domain."""
         if self.kind == "box":
-            return (self.upper - self.lower) / 2.0
+            return self.upper / 2.0 - self.lower / 2.0
         return np.full(self._dim(), self.radius)
 
     @property
@@ -192,8 +196,6 @@ class Domain:
     def clip(self, X: np.ndarray) -> np.ndarray:
         """Rows moved into the domain (per-record clipping: a box clips each feature, a ball
         scales a row onto it)."""
-        from .statistics import clip_to_bounds, clip_to_norm
-
         if self.kind == "box":
             return clip_to_bounds(X, self.lower, self.upper)
         return clip_to_norm(X, self.radius)
@@ -225,3 +227,22 @@ class Domain:
 
     def __hash__(self) -> int:
         return hash(repr(self.to_json()))
+
+
+#: Public scales (feature standard deviations under label flip, the bound's half-widths under
+#: replace-one) a release can work in: the covariances are their squares, in floating point.
+SCALES = (1e-150, 1e150)
+
+
+def check_scales(scales, what: str) -> None:
+    """Refuse, before any noise, public scales whose squares leave the floating-point range
+    (a function of public inputs: the features under label flip, the bound under replace-one;
+    all-zero scales, a constant dataset, are fine)."""
+    s = np.abs(np.asarray(scales, dtype=float))
+    lo, hi = SCALES
+    pos = s[s > 0]
+    if not np.all(np.isfinite(s)) or (pos.size and (pos.max() > hi or pos.min() < lo)):
+        raise ValueError(
+            f"{what} must lie between {lo:g} and {hi:g} (the released "
+            "covariances are their squares, in floating point); give the features in other "
+            "units")

@@ -38,9 +38,9 @@ class GMMReleaser(ClassifierMixin, BaseEstimator):
         Public bound on ``||x||_2``.
     options : dict, optional
         Mechanism options (``klrelease mechanisms NAME`` lists them).
-    random_state : int or None
-        Seed of the release noise; ``None`` (default) uses the library's CSPRNG. A seeded
-        release is not certified.
+    random_state : int, numpy RandomState or Generator, or None
+        Seed of the release noise, in scikit-learn's forms; ``None`` (default) uses the
+        library's CSPRNG. A seeded release is not certified.
     accountant : BudgetAccountant, optional
         Refuses a release that would exceed the data owner's total budget.
 

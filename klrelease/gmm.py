@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["GMM", "fit_gmm"]
+__all__ = ["GMM", "fit_gmm", "check_gmm"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -237,3 +237,19 @@ def fit_gmm(X, y, *, classes=None) -> GMM:
     data = as_labelled_data(X, y, classes=classes)
     st = class_statistics(data.X, data.codes, data.n_classes)
     return GMM(st.weights, st.means, st.covariances, data.classes)
+
+
+def check_gmm(g: GMM) -> GMM:
+    """``g`` itself if its covariances are symmetric positive definite and its class labels
+    distinct (what an artifact requires); ``ValueError`` otherwise."""
+    c = g.covariances
+    scale = max(float(np.max(np.abs(c))), 1.0)
+    if np.max(np.abs(c - np.swapaxes(c, -1, -2))) > 1e-9 * scale:
+        raise ValueError("covariances must be symmetric")
+    try:
+        np.linalg.cholesky(c)
+    except np.linalg.LinAlgError:
+        raise ValueError("covariances must be positive definite") from None
+    if len(set(map(str, g.classes))) != len(g.classes):
+        raise ValueError("class labels must be distinct")
+    return g

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 import platform
 
 import numpy as np
@@ -142,7 +143,7 @@ def release(
         The privacy parameters (epsilon > 0, 0 < delta < 1).
     mechanism : str
         A name from :func:`klrelease.mechanisms`.
-    seed : int, optional
+    seed : int, numpy Generator or RandomState, optional
         Reproducible noise for experiments. Without it (the default) the noise comes from a
         cryptographically secure generator; a seeded release is marked ``secure=False``.
     classes : sequence, optional
@@ -158,7 +159,10 @@ def release(
         scheduler). Workers see only the data and the per-row maps, never noise.
     accountant : BudgetAccountant, optional
         The data owner's budget across releases: the release is refused (before any noise is
-        drawn) if its claim is not certified or would exceed the total, and spent otherwise.
+        drawn) if its claim is not certified or would exceed the total, and spent otherwise,
+        before any noise is drawn. An attempt that fails before the generator draws anything
+        released nothing and is not charged; once noise is drawn the budget stays spent
+        whatever happens (a FAIL output included).
     **options
         Mechanism options, validated against ``get_mechanism(name).Options`` (list them with
         ``klrelease mechanisms NAME``).
@@ -179,9 +183,10 @@ def release(
     data, p, opts = _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound,
                             options, client)
     g = p.guarantee if src.secure else p.guarantee.seeded()
-    if accountant is not None:
-        accountant.check(g)
     privacy, randomness = _blocks(g, src)
+    if accountant is not None:
+        accountant.spend(g)  # charged before any noise, in the call that checks it
+    untouched = _generator_state(src.generator)
     try:
         gmm = p.draw(src.generator)
     except MechanismFailed as exc:
@@ -193,11 +198,15 @@ def release(
             stage=exc.stage, reason=exc.reason,
             feature_names=list(data.feature_names), privacy=privacy,
             options=p.public_options, settings=opts.as_dict(), randomness=randomness,
-        ).model_dump(mode="json", exclude={"learner", "diagnostics"})
+        ).model_dump(mode="json", exclude={"learner", "diagnostics", "signature"})
         raise
-    finally:  # noise may have been drawn: the budget is spent whatever happened
-        if accountant is not None:
-            accountant.spend(g)
+    except BaseException:
+        # an attempt that failed before drawing any noise released nothing: not charged
+        # (once the generator has moved, noise was drawn and the budget stays spent)
+        if accountant is not None and _generator_state(src.generator) == untouched:
+            accountant.cancel(g)
+        raise
+    finally:
         if not g.certified:
             warn_privacy(f"{p.mechanism}: {g.statement}")
     solver = None
@@ -212,6 +221,11 @@ def release(
     )
     log.info("released %s", out.summary())
     return out
+
+
+def _generator_state(gen: np.random.Generator) -> bytes:
+    """The generator's state, comparable: it changes with every number drawn."""
+    return pickle.dumps(gen.bit_generator.state)
 
 
 def _blocks(g, src) -> tuple[PrivacyBlock, RandomnessBlock]:

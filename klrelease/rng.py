@@ -31,14 +31,17 @@ class RandomSource:
     seed: int | None
 
 
-def make_rng(seed: int | None | np.random.Generator = None) -> RandomSource:
+def make_rng(seed: int | None | np.random.Generator | np.random.RandomState = None
+             ) -> RandomSource:
     """Return the generator for one release.
 
     Parameters
     ----------
-    seed : int, numpy Generator or None
-        ``None`` (the default) gives a ChaCha20 generator keyed from the OS CSPRNG. An integer
-        or an existing ``Generator`` gives a reproducible, *not secure* stream for experiments.
+    seed : int, numpy Generator, numpy RandomState or None
+        ``None`` (the default) gives a ChaCha20 generator keyed from the OS CSPRNG. An integer,
+        an existing ``Generator`` or a ``RandomState`` (scikit-learn's ``random_state``
+        forms; a ``RandomState`` seeds a new generator from its next draws, so it advances)
+        gives a reproducible, *not secure* stream for experiments.
     """
     if seed is None:
         key = secrets.randbits(256)
@@ -46,6 +49,10 @@ def make_rng(seed: int | None | np.random.Generator = None) -> RandomSource:
         return RandomSource(gen, secure=True, seed=None)
     if isinstance(seed, np.random.Generator):
         return RandomSource(seed, secure=False, seed=None)
+    if isinstance(seed, np.random.RandomState):  # scikit-learn's random_state: draws from it
+        words = seed.randint(0, 2**32, size=8, dtype=np.uint64)
+        return RandomSource(np.random.default_rng(words), secure=False, seed=None)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+        raise ValueError("seed must be a non-negative integer, a numpy Generator or RandomState, "
+                         f"or None, got {seed!r}")
     return RandomSource(np.random.default_rng(int(seed)), secure=False, seed=int(seed))

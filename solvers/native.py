@@ -42,9 +42,16 @@ from scipy.linalg import cho_factor, cho_solve
 
 from .problem import SolverFailed
 
-__all__ = ["NativeSolution", "closed_form_1d", "dual_ipm"]
+__all__ = ["NativeSolution", "closed_form_1d", "dual_ipm", "MAX_ITER"]
 
 NAME = "native"
+
+#: Newton iterations allowed by default. On rows whose canonical coordinates span many
+#: decades the iteration converges only linearly (breast cancer's 20 raw features under the
+#: objective tr(G): singular values of the working rows 3.5 to 1.5e-6, the gap shrinking by
+#: about 3% per iteration, certified after 231 iterations in 0.3 s); a solve that stops
+#: progressing is cut short by the stall test long before this cap.
+MAX_ITER = 1000
 
 
 class NativeSolution:
@@ -101,7 +108,7 @@ def dual_ipm(
     U: np.ndarray,
     *,
     tol: float = 1e-7,
-    max_iter: int = 200,
+    max_iter: int = MAX_ITER,
     w0: np.ndarray | None = None,
     deadline: float | None = None,
     accept_tol: float | None = None,

@@ -103,7 +103,10 @@ def initial_working_set(U: np.ndarray, rows: np.ndarray, sq_norms: np.ndarray) -
 
         pivots = qr(P.T, mode="r", pivoting=True)[1]
         picked = np.unique(np.concatenate([picked, pivots[:r]]))
-    return rows[picked]
+    # The criteria above pick row indices; two copies of one row (duplicated data) can be
+    # picked by different criteria, whose products round identical rows differently by their
+    # position in a block. A copy adds no constraint: keep one of each.
+    return rows[_distinct(P, picked)]
 
 
 def _distinct(U: np.ndarray, idx: np.ndarray) -> np.ndarray:

@@ -65,23 +65,48 @@ def iris():
 
 
 def _stage_sensitivities(p, q, out):
-    """Whitened change between two plans' private statistics for the same released values."""
+    """Whitened change between two plans' private statistics for the same released values,
+    stage by stage (locating rounds, counts, stage A, stage B, every stage-C round), and the
+    squared sensitivity each stage is allowed."""
+    from klrelease.mechanisms.kl_certified import locate
+
     pub = p.public
-    d1 = np.sum((p.counts - q.counts) ** 2) / pub.count_sd**2
-    d2 = np.sum((p.sums - q.sums) ** 2) / pub.sums_sd**2
-    d3 = 0.0
-    if not pub.label_flip:
-        m1 = design.centres(pub, out["counts"], out["sums"])[1]
-        d3 = np.sum((p._stage_b(m1) - q._stage_b(m1)) ** 2) / pub.scatter_sd**2
-    dz = design.stage_c_design(pub, out)
-    S1p, S2p = p._stage_c(dz)
-    S1q, S2q = q._stage_c(dz)
-    noise = dz["noise"]
-    d4 = np.sum((S1p - S1q) ** 2 / noise.mean_sd[:, None] ** 2)
-    fin = np.isfinite(noise.cov_sd)
-    d4 += np.sum(np.sum((S2p - S2q)[fin] ** 2, axis=(1, 2)) / noise.cov_sd[fin] ** 2)
     b = pub.budget
-    return np.array([d1, d2, d3, d4]), np.array([b.counts, b.sums, b.scatter, b.classes]) ** 2
+    got, allowed = [], []
+    if not pub.label_flip and b.locate > 0:
+        window = locate.first_window(pub)
+        dl = 0.0
+        for first in (True, False):
+            bins = locate.bins_of(pub, first)
+            dl += np.sum((p._histograms(window, bins) - q._histograms(window, bins)) ** 2)
+            window = locate.second_window(pub, out)
+        got.append(dl / pub.locate_sd**2)
+        allowed.append(b.locate**2)
+    got.append(np.sum((p.counts - q.counts) ** 2) / pub.count_sd**2)
+    allowed.append(b.counts**2)
+    w = p.working(out)
+    if pub.label_flip:
+        got.append(np.sum((p.sums - q.sums) ** 2) / w.sums_sd**2)
+        allowed.append(b.sums**2)
+    else:
+        got.append(np.sum((p._stage_a(w) - q._stage_a(w)) ** 2) / w.sums_sd**2)
+        allowed.append(b.sums**2)
+        m1 = design.centres(w, out["counts"], out["sums"])[1]
+        got.append(np.sum((p._stage_b(w, m1) - q._stage_b(w, m1)) ** 2) / w.scatter_sd**2)
+        allowed.append(b.scatter**2)
+    first = design.stage_c_design(w, out)
+    rounds = [first] + ([design.round_two_design(w, out, first)]
+                        if len(first["shares"]) > 1 else [])
+    for dz, share in zip(rounds, first["shares"], strict=True):
+        S1p, S2p = p._stage_c(w, dz)
+        S1q, S2q = q._stage_c(w, dz)
+        noise = dz["noise"]
+        d4 = np.sum((S1p - S1q) ** 2 / noise.mean_sd[:, None] ** 2)
+        fin = np.isfinite(noise.cov_sd)
+        d4 += np.sum(np.sum((S2p - S2q)[fin] ** 2, axis=(1, 2)) / noise.cov_sd[fin] ** 2)
+        got.append(d4)
+        allowed.append(share)
+    return np.array(got), np.array(allowed)
 
 
 @pytest.mark.parametrize("relation", ["label-flip", "replace-one"])
@@ -90,8 +115,8 @@ def test_every_stage_within_its_sensitivity_for_neighbours(iris, relation):
     public whitened sensitivity (the proof's lemma, checked on the code)."""
     rng = np.random.default_rng(1)
     kw = dict(epsilon=1.0, delta=1e-5, adjacency=relation)
-    p = kr.plan(iris, None, **kw)
-    worst = np.zeros(4)
+    p = kr.plan(iris, None, design="gaussian", **kw)
+    worst = None
     for trial in range(40):
         out = p.sample(rng)
         n = int(rng.integers(iris.n_samples))
@@ -104,19 +129,21 @@ def test_every_stage_within_its_sensitivity_for_neighbours(iris, relation):
             lo, hi = iris.bounds
             X[n] = rng.uniform(lo, hi) if trial % 2 else (lo if trial % 4 else hi)
             other = iris.with_labels(codes).with_features(X)
-        q = kr.plan(other, None, **kw)
+        q = kr.plan(other, None, design="gaussian", **kw)
         got, allowed = _stage_sensitivities(p, q, out)
-        worst = np.maximum(worst, got / np.where(allowed > 0, allowed, 1.0))
+        ratio = got / np.where(allowed > 0, allowed, 1.0)
+        worst = ratio if worst is None or worst.shape != ratio.shape else np.maximum(worst,
+                                                                                      ratio)
     assert np.all(worst <= 1 + 1e-9), worst
-    assert worst[3] > 0.2  # the class stage is exercised, not trivially zero
+    assert worst[-1] > 0.2  # the class stage is exercised, not trivially zero
 
 
 def test_design_receives_no_private_input(iris):
     """Two neighbouring datasets fed the same released values give the same design."""
     codes = iris.codes.copy()
     codes[0] = 2
-    p, q = kr.plan(iris, None, epsilon=2, delta=1e-5), kr.plan(iris.with_labels(codes), None,
-                                                                epsilon=2, delta=1e-5)
+    kw = dict(epsilon=2, delta=1e-5, design="gaussian")
+    p, q = kr.plan(iris, None, **kw), kr.plan(iris.with_labels(codes), None, **kw)
     out = p.sample(np.random.default_rng(3))
     a, b = design.stage_c_design(p.public, out), design.stage_c_design(q.public, out)
     for key in ("pooled",):
@@ -287,7 +314,7 @@ def test_acceptance_never_depends_on_which_declared_class_a_row_has(tmp_path, ca
                                                for r, lab in zip(X, labels, strict=True)))
         code = main(["release", "--csv", str(path), "--label-column", "c", "--classes",
                      "1,2,x", "--epsilon", "1", "--delta", "1e-5", "--out",
-                     str(tmp_path / "r.json")])
+                     str(tmp_path / "r.json"), "--force"])
         assert code == 0, capsys.readouterr().err
     for y in ([0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.5]):  # float classes, library
         p = kr.plan(X, np.array(y), epsilon=1, delta=1e-5, classes=[0.0, 0.5, 1.0])
@@ -314,3 +341,128 @@ def test_degenerate_public_inputs_release_after_noise_without_error():
         assert np.all(r.gmm.weights > 0) and abs(r.gmm.weights.sum() - 1) < 1e-12
         np.linalg.cholesky(r.gmm.covariances)
         assert len(acc.spent) == 1
+
+
+# ------------------------------------------------------------ located frame, second round
+
+
+def _loose_box_data(seed=5, n=1500):
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(3), n // 3)
+    X = rng.normal(size=(n, 2)) * [1.0, 3.0] + np.array([[0, 0], [4, 4], [8, 0]])[y]
+    box = (X.min(0) - 300.0, X.max(0) + 300.0)  # about 60 times wider than the data
+    return X, y, box
+
+
+def test_located_and_second_round_stages_within_their_sensitivity():
+    """Brute force, replace-one with a loose box at a budget that locates the rows and runs
+    two stage-C rounds: every stage, the locating histograms included, moves by at most its
+    public whitened sensitivity."""
+    X, y, box = _loose_box_data()
+    data = kr.as_labelled_data(X, y, classes=[0, 1, 2], bounds=box, min_class_size=0)
+    kw = dict(epsilon=30.0, delta=1e-5, adjacency="replace-one")
+    p = kr.plan(data, None, **kw)
+    assert p.public.budget.locate > 0
+    rng = np.random.default_rng(2)
+    worst = None
+    for trial in range(12):
+        out = p.sample(rng)
+        assert len(design.stage_c_design(p.working(out), out)["shares"]) == 2
+        n = int(rng.integers(X.shape[0]))
+        X2, y2 = X.copy(), y.copy()
+        X2[n] = box[0] if trial % 2 else rng.uniform(*box)
+        y2[n] = (y2[n] + trial) % 3
+        q = kr.plan(kr.as_labelled_data(X2, y2, classes=[0, 1, 2], bounds=box,
+                                        min_class_size=0), None, **kw)
+        got, allowed = _stage_sensitivities(p, q, out)
+        ratio = got / allowed
+        worst = ratio if worst is None else np.maximum(worst, ratio)
+    assert np.all(worst <= 1 + 1e-9), worst
+    assert worst[0] > 0.2  # the locating rounds are exercised
+
+
+def test_a_loose_box_is_located():
+    """A box about 60 times wider than the data: the located release is far closer to the fit
+    than the same release without locating, and close to the release with a tight box."""
+    X, y, box = _loose_box_data(n=3000)
+    fit = kr.fit_gmm(X, y)
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1, 2))
+    tight = (X.min(0) - 1.0, X.max(0) + 1.0)
+
+    def ekl(bounds, **extra):
+        data = kr.as_labelled_data(X, y, classes=[0, 1, 2], bounds=bounds, min_class_size=0)
+        p = kr.plan(data, None, epsilon=2.0, delta=1e-5, adjacency="replace-one")
+        for k, v in extra.items():
+            setattr(p, k, v)
+        return kr.expected_kl(p, ref, n_draws=20, seed=1).mean, p
+
+    loose, p = ekl(box)
+    assert p.public.budget.locate > 0
+    near, _ = ekl(tight)
+    assert loose < 1.5 * near + 0.05, (loose, near)
+
+
+@pytest.mark.parametrize("relation", ["label-flip", "replace-one"])
+def test_the_release_converges_as_epsilon_grows(relation):
+    """E[KL] to the non-private fit falls with epsilon and is near zero at eps = 1000."""
+    X, y = synthetic_gmm_data(N=900, K=3, d=3, seed=8)
+    data = kr.as_labelled_data(X, y, classes=[0, 1, 2], min_class_size=0,
+                               bounds=(X.min(0) - 2.0, X.max(0) + 2.0))
+    fit = kr.fit_gmm(X, y)
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1, 2))
+    kl = []
+    for eps in (1.0, 10.0, 100.0, 1000.0):
+        p = kr.plan(data, None, epsilon=eps, delta=1e-5, adjacency=relation)
+        kl.append(kr.expected_kl(p, ref, n_draws=20, seed=2).mean)
+    assert all(b <= a * 1.05 for a, b in zip(kl, kl[1:], strict=False)), kl
+    assert kl[-1] < 0.01, kl
+
+
+def test_the_design_reads_public_inputs_only():
+    """Label flip: the design (response or gaussian) is a function of epsilon, delta, N, K and
+    d: neighbours get the same design, and it switches to response as epsilon grows."""
+    from klrelease.mechanisms.kl_certified.mechanism import choose_design
+
+    iris = kr.load_dataset("iris")
+    codes = iris.codes.copy()
+    codes[0] = 2
+    for eps in (0.5, 1.0, 2.0, 5.0, 20.0):
+        a = kr.plan(iris, None, epsilon=eps, delta=1e-5)
+        b = kr.plan(iris.with_labels(codes), None, epsilon=eps, delta=1e-5)
+        assert a.public_options["design"] == b.public_options["design"] == choose_design(
+            eps, 1e-5, 150, 3, 4)
+    assert choose_design(0.5, 1e-5, 150, 3, 4) == "gaussian"
+    assert choose_design(20.0, 1e-5, 150, 3, 4) == "response"
+
+
+@pytest.mark.parametrize("eps", [1.0, 5.0])
+def test_an_edited_claim_does_not_match_the_recorded_design(iris, eps):
+    """An unsigned artifact whose epsilon or delta was edited consistently everywhere else is
+    still refused: the recorded budget (Gaussian design) or keep probability (response
+    design) gives the claim."""
+    import json
+
+    rel = kr.release(iris, None, epsilon=eps, delta=1e-5)
+    text = rel.to_json()
+    kr.Release.from_json(text)
+    doc = json.loads(text)
+    doc["privacy"]["epsilon"] = eps / 10
+    with pytest.raises(ValueError, match="tampered"):
+        kr.Release.from_json(json.dumps(doc))
+    if rel.options["design"] == "gaussian":
+        doc = json.loads(text)
+        doc["privacy"]["delta"] = 1e-12
+        with pytest.raises(ValueError, match="tampered"):
+            kr.Release.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize("design", ["gaussian", "response"])
+def test_tiny_scales_with_a_constant_feature_release_a_valid_model(design):
+    """A constant feature beside features of standard deviation 1e-145 (within the accepted
+    scales): the release completes with a positive definite model at any epsilon."""
+    rng = np.random.default_rng(0)
+    X = np.column_stack([np.ones(60), rng.normal(size=(60, 2)) * 1e-145])
+    y = np.repeat([0, 1, 2], 20)
+    for eps in (1.0, 100.0):
+        rel = kr.release(X, y, epsilon=eps, delta=1e-5, classes=[0, 1, 2], design=design)
+        np.linalg.cholesky(rel.gmm.covariances)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -54,6 +56,8 @@ def test_wheel_contents(wheel):
     assert "klrelease/solvers/__init__.py" in names
     assert "klrelease/solvers/backends/native.py" in names
     assert "klrelease/_data/iris.csv" in names
+    for page in ("index.html", "app.js", "style.css"):  # the service's page
+        assert f"klrelease/service/page/{page}" in names
     # every package of the source tree is in the wheel
     for init in (ROOT / "klrelease").rglob("__init__.py"):
         rel = init.relative_to(ROOT).as_posix()
@@ -61,13 +65,30 @@ def test_wheel_contents(wheel):
             assert rel in names, rel
 
 
+def _dependency_dirs() -> list[str]:
+    """The site directories of the interpreter running the tests, where the wheel's
+    dependencies are installed: a virtual environment's own (``venv --system-site-packages``
+    would give the base interpreter's instead), or the system's, and the user's."""
+    dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+            *site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return [d for d in dict.fromkeys(dirs) if Path(d).is_dir()]
+
+
 def test_wheel_installs_and_runs_in_a_fresh_venv(wheel, tmp_path):
     # the installed wheel only: no source tree on the path
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
+    inner = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                            "['purelib'])"], capture_output=True, text=True, check=True,
+                           timeout=60).stdout.strip()
+    # the dependencies from where the tests found them, after the venv's own site directory
+    # (so the installed wheel comes first; no .pth file of theirs is run, the source tree's
+    # editable install included)
+    (Path(inner) / "test-dependencies.pth").write_text("\n".join(_dependency_dirs()) + "\n")
     subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
                     "--ignore-installed", "--disable-pip-version-check", str(wheel)],
                    check=True, timeout=120, env=env)

@@ -14,7 +14,8 @@ from .app import BadInput, app, main, run
 __all__ = ["app", "main", "run", "BadInput", "COMMAND_MODULES"]
 
 #: Command modules, registered in this order (their commands are listed in this order).
-COMMAND_MODULES = ("release", "audit", "experiment", "learn", "plot")
+COMMAND_MODULES = ("release", "audit", "experiment", "learn", "plot", "serve", "owner",
+                   "remote")
 
 for _name in COMMAND_MODULES:
     import_module(f"{__name__}.{_name}")

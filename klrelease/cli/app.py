@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import stat
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -40,7 +44,8 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="print the version and exit")] = False,
+                                          metavar="", help="print the version and exit")
+                       ] = False,
 ):
     """Differentially private release of labelled Gaussian mixture models."""
 
@@ -56,9 +61,29 @@ def _fail(message: str) -> None:
     raise BadInput(message)
 
 
-def check_output(path: Path) -> Path:
-    """Fail (before any computation) unless ``path`` can be written as a file."""
+#: The output path that means standard output.
+STDOUT = "-"
+
+
+def is_stdout(path) -> bool:
+    """Whether ``path`` is ``-``, standard output."""
+    return str(path) == STDOUT
+
+
+def check_output(path: Path, force: bool = False, stdout: bool = False) -> Path:
+    """Fail (before any computation) unless ``path`` can be written as a new regular file,
+    or replaces an existing regular file with ``force``; ``-`` is standard output for the
+    commands that allow it (``stdout``).
+
+    A symbolic link, a device, a pipe or a socket is never replaced (as root, replacing
+    ``/dev/null`` would break it), nor a directory.
+    """
     path = Path(path)
+    if is_stdout(path):
+        if not stdout:
+            _fail("--out - (standard output) is not available for this command, which "
+                  "prints its summary there; give a file name")
+        return path
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir() or str(path).endswith(os.sep):
         _fail(f"cannot write {path}: it is a directory")
@@ -66,32 +91,162 @@ def check_output(path: Path) -> Path:
         _fail(f"cannot write {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         _fail(f"cannot write {path}: directory {parent} is not writable")
-    if path.exists() and not os.access(path, os.W_OK):
-        _fail(f"cannot write {path}: permission denied")
+    _check_existing(path, force)
     return path
 
 
-@contextmanager
-def atomic_output(path: Path, mode: str = "w"):
-    """A file handle whose content replaces ``path`` only if the block completes."""
-    path = check_output(path)
+def _check_existing(path: Path, force: bool) -> None:
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".klrelease-", suffix=".tmp")
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
     except OSError as exc:
         _fail(f"cannot write {path}: {exc.strerror or exc.__class__.__name__}")
+    if stat.S_ISLNK(st.st_mode):
+        _fail(f"cannot write {path}: it is a symbolic link (give the path of a regular file)")
+    if not stat.S_ISREG(st.st_mode):
+        _fail(f"cannot write {path}: it exists and is not a regular file")
+    if not force:
+        _fail(f"{path} exists; give --force to overwrite it")
+    if not os.access(path, os.W_OK):
+        _fail(f"cannot write {path}: permission denied")
+
+
+class Terminated(BaseException):
+    """A termination signal (SIGTERM, SIGHUP) received while the command ran: raised in the
+    main thread so that ``finally`` blocks remove temporary files and empty folders."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    if os.getpid() != _MAIN_PID:  # a worker process forked from the command: die as usual
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    _SIGNALLED.append(signum)
+    raise Terminated(signum)
+
+
+#: Termination signals received during the command (an exception raised by a signal handler
+#: inside some C code that calls back into Python can be lost: writes check this list too).
+_SIGNALLED: list[int] = []
+
+
+def _check_signals() -> None:
+    """Raise again a Ctrl-C or termination that was received but whose exception was lost."""
+    if _SIGNALLED:
+        raise Terminated(_SIGNALLED[-1])
+    if _INTERRUPTED.is_set():
+        raise KeyboardInterrupt
+
+
+class _CheckedFile:
+    """A file whose every write first checks for a received signal (see :data:`_SIGNALLED`)."""
+
+    def __init__(self, fh):
+        self._fh = fh
+
+    def write(self, data):
+        _check_signals()
+        return self._fh.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._fh, name)
+
+
+_MAIN_PID = os.getpid()
+
+#: Set when Ctrl-C arrived during the command (the CLI framework turns the KeyboardInterrupt
+#: into an exit status of 130 without a word).
+_INTERRUPTED = threading.Event()
+
+
+def _raise_interrupt(signum, frame):
+    _INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def signals_raise():
+    """For the duration of the block, SIGTERM and SIGHUP raise :class:`Terminated` and SIGINT
+    raises KeyboardInterrupt (noted in ``_INTERRUPTED``) in the main thread, so that cleanup
+    runs; the previous handlers come back afterwards. A signal the process ignores stays
+    ignored."""
+    global _MAIN_PID
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _MAIN_PID = os.getpid()
+    previous = {}
+    for sig, handler in ((signal.SIGTERM, _raise_terminated),
+                         (getattr(signal, "SIGHUP", None), _raise_terminated),
+                         (signal.SIGINT, _raise_interrupt)):
+        if sig is None:
+            continue
+        current = signal.getsignal(sig)
+        if current in (signal.SIG_IGN, handler) or current is None:
+            continue
+        previous[sig] = current
+        signal.signal(sig, handler)
     try:
-        with os.fdopen(fd, mode) as fh:
-            yield fh
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    with atomic_output(path) as fh:
+@contextmanager
+def atomic_output(path: Path, mode: str = "w", force: bool = False, stdout: bool = False):
+    """A file handle whose content replaces ``path`` only if the block completes; ``-`` is
+    standard output. The temporary file is removed on any exception, Ctrl-C and SIGTERM
+    (handlers installed for the duration of the write); the file gets the permissions a new
+    file would (the umask's), not the temporary file's 0600."""
+    path = check_output(path, force, stdout)
+    if is_stdout(path):
+        stream = sys.stdout.buffer if "b" in mode else sys.stdout
+        yield stream
+        stream.flush()
+        return
+    with signals_raise():
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".klrelease-", suffix=".tmp")
+        except OSError as exc:
+            _fail(f"cannot write {path}: {exc.strerror or exc.__class__.__name__}")
+        try:
+            with os.fdopen(fd, mode) as fh:
+                yield _CheckedFile(fh)
+            _check_signals()
+            os.chmod(tmp, 0o666 & ~_umask())
+            _check_existing(path, force)  # again: the path may have changed meanwhile
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write_atomic(path: Path, text: str, force: bool = False) -> None:
+    with atomic_output(path, force=force) as fh:
         fh.write(text)
+
+
+def describe_output(path) -> str:
+    """How a message names an output path (``-``: standard output)."""
+    return "standard output" if is_stdout(path) else str(path)
+
+
+#: ``--force``, shared by every command that writes a file.
+Force = Annotated[bool, typer.Option("--force", metavar="",
+                                     help="overwrite an existing output file")]
 
 
 def _parse_floats(text: str | None, name: str):
@@ -213,7 +368,7 @@ def mechanism_inputs(mechanism, option, lower, upper, norm_bound=None, classes=N
     try:
         bounds = Domain.from_public(box, norm_bound)
     except ValueError as exc:
-        _fail(str(exc))
+        _fail(cli_message(exc))
     mechanism.validate_options(opts)
     if "bounds" in opts:  # a named way of choosing the box (e.g. "features")
         if box is not None:
@@ -281,6 +436,41 @@ def _one_line(message) -> str:
     return " ".join(str(message).split())
 
 
+#: How the library's messages name its arguments, and the flags the command line has for them
+#: (applied in this order; a name already written as a flag is left alone).
+FLAG_NAMES = (
+    (r"bounds=\(lower, upper\)", "--lower/--upper"),
+    (r"bounds='features'", "--option bounds=features"),
+    (r"bounds_from_data=True", "--option bounds_from_data=true"),
+    (r"norm_bound=B", "--norm-bound B"),
+    (r"norm_bound=", "--norm-bound"),
+    (r"bounds=", "--lower/--upper"),
+    (r"classes=", "--classes"),
+    (r"^(bounds) must", "--lower/--upper must"),
+    (r"^(norm_bound|classes|epsilon|delta|seed) must", None),
+    (r"^X and y ", "the features and labels "),
+    (r"^X contains", "the features contain"),
+    (r"^y contains", "the labels contain"),
+    (r"^y mixes", "the labels mix"),
+    (r"^X ", "the features "),
+    (r"^y ", "the labels "),
+    (r"\bcolumn of X\b", "feature"),
+)
+
+
+def cli_message(message: str) -> str:
+    """A library error message with the command line's flags in place of API arguments
+    (``bounds=(lower, upper)`` becomes ``--lower/--upper``)."""
+    text = _one_line(message)
+    for pattern, flag in FLAG_NAMES:
+        if flag is None:  # the argument's own flag: --norm-bound, --classes, --epsilon...
+            text = re.sub(r"(?<![-\w])" + pattern, lambda m: "--" + m.group(1).replace(
+                "_", "-") + " must", text)
+        else:
+            text = re.sub(r"(?<![-\w])" + pattern, flag, text)
+    return text
+
+
 #: Options whose value may be left out, and the value they then take.
 OPTIONAL_VALUES = {"--dask": "local"}
 
@@ -297,11 +487,36 @@ def _optional_values(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: runs the app and maps input errors to exit status 2."""
+    """Console entry point: runs the app and maps input errors to exit status 2, Ctrl-C to
+    one ``interrupted`` line and status 130, SIGTERM to ``terminated`` and 143 (temporary
+    files and empty result folders removed first)."""
+    argv = _optional_values(list(sys.argv[1:] if argv is None else argv))
+    _INTERRUPTED.clear()
+    _SIGNALLED.clear()
+    try:
+        with signals_raise():
+            rc = _main(argv)
+        if _SIGNALLED:
+            raise Terminated(_SIGNALLED[-1])
+        if rc == 130 or _INTERRUPTED.is_set():  # the framework returns Ctrl-C as 130, silently
+            return _interrupted()
+        return rc
+    except KeyboardInterrupt:
+        return _interrupted()
+    except Terminated as exc:
+        print("terminated", file=sys.stderr)
+        return 128 + exc.signum
+
+
+def _interrupted() -> int:
+    print("interrupted", file=sys.stderr)
+    return 130
+
+
+def _main(argv: list[str]) -> int:
     from .. import solvers
     from ..learners.result import MechanismFailed
 
-    argv = _optional_values(list(sys.argv[1:] if argv is None else argv))
     try:
         # a command ending with typer.Exit(code) returns that code in non-standalone mode
         rc = app(args=argv, standalone_mode=False, prog_name="klrelease")
@@ -315,11 +530,17 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, OSError):
             where = f"{exc.filename}: " if exc.filename else ""
             print(f"error: {where}{exc.strerror or exc.__class__.__name__}", file=sys.stderr)
-        else:
+        elif isinstance(exc, BadInput):
             print(f"error: {_one_line(exc)}", file=sys.stderr)
+        else:
+            print(f"error: {cli_message(exc)}", file=sys.stderr)
         return 2
     except Exception as exc:  # the CLI framework's own usage errors
         kind = type(exc).__name__
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # Ctrl-C, as the framework reports it
+            return 130  # reported once, by main
+        if isinstance(exc.__cause__, Terminated):
+            raise exc.__cause__ from None
         if kind == "NoArgsIsHelpError":
             return 0
         if kind == "Exit":

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .app import (
+    Force,
     _fail,
     _load_input,
     _write_atomic,
@@ -78,6 +79,7 @@ def audit_command(
     norm_bound: Annotated[float | None, typer.Option(help="public bound on ||x||_2")] = None,
     classes: Annotated[str | None, typer.Option(help="the public set of classes, a,b,c")] = None,
     option: Annotated[list[str] | None, typer.Option(help=option_help())] = None,
+    force: Force = False,
 ):
     """Audit a mechanism's (epsilon, delta) claim on a dataset (exit 1 on a violation)."""
     from ..audit.runner import audit
@@ -94,7 +96,7 @@ def audit_command(
         _fail(f"--time-limit must be >= 0, got {time_limit}")
     opts, bounds, classes = mechanism_inputs(mech, option, lower, upper, norm_bound, classes)
     if out is not None:
-        check_output(out)
+        check_output(out, force)
     data = _load_input(dataset, csv, label_column, npz, classes)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -133,7 +135,7 @@ def audit_command(
     out_console.print("An audit can refute a privacy claim, not prove it; see 'limits' in the "
                       "JSON report.")
     if out is not None:
-        _write_atomic(out, report.to_json())
+        _write_atomic(out, report.to_json(), force)
         err_console.print(f"wrote {out}")
     if report.violation:
         raise typer.Exit(code=1)

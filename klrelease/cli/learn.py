@@ -18,7 +18,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from .app import BadInput, _write_atomic, app, check_output, err_console, out_console
+from .app import BadInput, Force, _write_atomic, app, check_output, err_console, out_console
 
 __all__ = ["learn_command", "list_learners", "parse_params", "read_unlabelled_csv"]
 
@@ -105,6 +105,7 @@ def learn_command(
         "--param", help="a public option of the learner, NAME=VALUE (repeatable), e.g. "
                         "--param R=10 --param sigma_min=0.1 --param sigma_max=3 in the units "
                         "of the data")] = None,
+    force: Force = False,
 ):
     """Learn a GMM privately from unlabelled rows; FAIL exits with status 3."""
     from ..learners import get_learner, learn
@@ -128,7 +129,7 @@ def learn_command(
         options = check_options(learner, fn, options)  # public, before the data is read
     except ValueError as exc:
         raise BadInput(str(exc)) from None
-    check_output(out)  # before the data is read: a result that cannot be written is not run
+    check_output(out, force)  # before the data is read: a result that cannot be written is not run
     X, names = read_unlabelled_csv(csv_path, columns)
     progress = inspect.signature(fn).parameters.get("progress")
     if progress is not None and typing.get_type_hints(fn).get("progress") is bool:
@@ -149,7 +150,7 @@ def learn_command(
     else:
         res = learn(X, components, epsilon=epsilon, delta=delta, learner=learner, seed=seed,
                     feature_names=names, **options)
-    _write_atomic(out, res.to_json() + "\n")
+    _write_atomic(out, res.to_json() + "\n", force)
     if res.failed:
         err_console.print(f"FAIL at stage {res.stage}: {res.reason}")
         err_console.print(f"result written to {out}")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import BadInput, app, atomic_output, check_output, err_console
+from .app import BadInput, Force, app, atomic_output, check_output, err_console
 
 __all__ = ["plot_command"]
 
@@ -22,6 +22,7 @@ def plot_command(
     features: Annotated[str | None, typer.Option(
         help="comma-separated feature names or indices (default: all)")] = None,
     bins: Annotated[int, typer.Option(help="histogram bins")] = 20,
+    force: Force = False,
 ):
     """Plot the per-class marginal density of every feature of a release."""
     import matplotlib.pyplot as plt
@@ -32,7 +33,7 @@ def plot_command(
 
     if out.suffix.lower() != ".png":
         raise BadInput(f"--out must name a .png file, got {out}")
-    check_output(out)
+    check_output(out, force)
     if bins < 1:
         raise BadInput(f"--bins must be >= 1, got {bins}")
     if (data is None) != (label_column is None):
@@ -51,7 +52,7 @@ def plot_command(
                     title=f"{getattr(rel, 'learner', None) or rel.mechanism} release, "
                           f"epsilon={rel.privacy.epsilon:g}, "
                           f"{'certified' if rel.privacy.certified else 'NOT certified'}")
-    with atomic_output(out, "wb") as fh:
+    with atomic_output(out, "wb", force=force) as fh:
         fig.savefig(fh, format="png", dpi=110)
     plt.close(fig)
     err_console.print(f"wrote {out}")

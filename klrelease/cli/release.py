@@ -10,15 +10,19 @@ from typing import Annotated
 
 import numpy as np
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..learners.result import MechanismFailed
 from .app import (
+    Force,
     _fail,
     _load_input,
     app,
     atomic_output,
     check_output,
+    cli_message,
+    describe_output,
     err_console,
     mechanism_inputs,
     option_help,
@@ -42,7 +46,8 @@ def warn_uncertified(caught, statement: str | None) -> None:
     if statement is not None and not any(statement in x for x in lines):
         lines.append(statement)
     for line in lines:
-        err_console.print(f"[bold red]warning:[/] {line}", highlight=False)
+        err_console.print(f"[bold red]warning:[/] {escape(cli_message(line))}",
+                          highlight=False)
 
 
 @app.command()
@@ -62,9 +67,8 @@ def release(
              "--dask local (a local cluster of 2 workers) or --dask tcp://HOST:PORT (an "
              "existing scheduler)")] = None,
     mechanism: Annotated[str, typer.Option(help="see 'klrelease mechanisms'")] = "kl-certified",
-    out: Annotated[Path, typer.Option(help="where to write the artifact")] = Path(
-        "release.json"
-    ),
+    out: Annotated[Path, typer.Option(
+        help="where to write the artifact ('-': standard output)")] = Path("release.json"),
     seed: Annotated[
         int | None, typer.Option(help="reproducible noise, for experiments only (not certified)")
     ] = None,
@@ -76,6 +80,7 @@ def release(
     upper: Annotated[str | None, typer.Option(help="public upper bound(s), comma list")] = None,
     norm_bound: Annotated[float | None, typer.Option(help="public bound on ||x||_2")] = None,
     option: Annotated[list[str] | None, typer.Option(help=option_help())] = None,
+    force: Force = False,
 ):
     """Release a differentially private GMM of a labelled dataset."""
     from .. import release as do_release
@@ -87,7 +92,7 @@ def release(
     opts, bounds, classes = mechanism_inputs(mech, option, lower, upper, norm_bound, classes)
     if seed is not None and seed < 0:
         _fail(f"--seed must be a non-negative integer, got {seed}")
-    check_output(out)
+    check_output(out, force, stdout=True)
     if dask is not None and parquet is None:
         _fail("--dask goes with --parquet")
     if parquet is not None:
@@ -113,22 +118,20 @@ def release(
     with warnings.catch_warnings(record=True) as caught, _dask_client(dask) as client:
         warnings.simplefilter("always")
         if client is not None:
-            from ..stream import DaskSource
-
-            data = _parquet_on_dask(data, client)
-            assert isinstance(data, DaskSource)
+            data = data.on_dask(client)
         with err_console.status(f"designing {mech.name} ..."):
             try:
                 rel = do_release(data, None, epsilon=eps, delta=dlt, mechanism=mech.name,
                                  seed=seed, bounds=bounds, **opts)
             except MechanismFailed as exc:  # a FAIL output of the mechanism: its artifact
-                with atomic_output(out) as fh:
+                with atomic_output(out, force=force, stdout=True) as fh:
                     fh.write(exc.to_json())
-                err_console.print(f"wrote the FAIL artifact to {out}", highlight=False)
+                err_console.print(f"wrote the FAIL artifact to {describe_output(out)}",
+                                  highlight=False)
                 raise
-    with atomic_output(out) as fh:
+    with atomic_output(out, force=force, stdout=True) as fh:
         fh.write(rel.to_json())
-    err_console.print(f"wrote {out}: {rel.summary()}", highlight=False)
+    err_console.print(f"wrote {describe_output(out)}: {rel.summary()}", highlight=False)
     warn_uncertified(caught, None if rel.privacy.certified else rel.privacy.statement)
 
 
@@ -153,26 +156,15 @@ def _dask_client(address: str | None):
             yield client
 
 
-def _parquet_on_dask(src, client):
-    """The Parquet files of ``src`` as a Dask dataframe on ``client`` (same files, same order).
-    """
-    import dask.dataframe as dd
-
-    from ..stream import DaskSource
-
-    cols = [*src.feature_names, src.label_column]
-    ddf = dd.read_parquet([str(p) for p in src.paths], columns=cols)
-    return DaskSource(ddf, label_column=src.label_column,
-                      classes=src.classes if src.classes_declared else None, client=client)
-
-
 @app.command()
 def sample(
     artifact: Annotated[Path, typer.Argument(
         help="a release artifact or a learner's (JSON)")],
     n: Annotated[int, typer.Option("-n", "--n", help="number of rows")] = 1000,
-    out: Annotated[Path, typer.Option(help="CSV file to write")] = Path("synthetic.csv"),
+    out: Annotated[Path, typer.Option(
+        help="CSV file to write ('-': standard output)")] = Path("synthetic.csv"),
     seed: Annotated[int | None, typer.Option(help="seed for the synthetic draw")] = None,
+    force: Force = False,
 ):
     """Draw synthetic labelled rows from a released GMM (post-processing: no privacy cost).
 
@@ -184,11 +176,11 @@ def sample(
 
     if n < 1:
         _fail(f"-n must be >= 1, got {n}")
-    check_output(out)
+    check_output(out, force, stdout=True)
     rel = load_model(artifact)
     rng = make_rng(seed).generator
     names = rel.feature_names or [f"x{i}" for i in range(rel.gmm.n_features)]
-    with atomic_output(out) as fh:
+    with atomic_output(out, force=force, stdout=True) as fh:
         fh.write(",".join([*names, "label"]) + "\n")
         left = n
         while left > 0:
@@ -198,17 +190,39 @@ def sample(
             rows = [",".join([*row, str(lab)]) for row, lab in zip(body, y, strict=True)]
             fh.write("\n".join(rows) + "\n")
             left -= m
-    err_console.print(f"wrote {n} rows to {out}", highlight=False)
+    err_console.print(f"wrote {n} rows to {describe_output(out)}", highlight=False)
 
 
 @app.command()
-def inspect(artifact: Annotated[Path, typer.Argument(
-        help="a release artifact, a learner's artifact or a FAIL document (JSON)")]):
+def inspect(
+    artifact: Annotated[Path, typer.Argument(
+        help="a release artifact, a learner's artifact or a FAIL document (JSON)")],
+    verify: Annotated[bool, typer.Option(
+        help="check the artifact's signature (with --key); any edit fails")] = False,
+    key: Annotated[str | None, typer.Option(
+        help="the issuing service's public key: a PEM file, or the service's URL")] = None,
+):
     """Show a readable summary of a release artifact, a learner's artifact or a FAIL document
-    (validated; the claim is recomputed)."""
+    (validated; the claim is recomputed; with --verify --key, the signature checked first)."""
     from ..artifact import FailDocument, read_document
 
-    rel = read_document(artifact)
+    public_key = None
+    if verify or key is not None:
+        if key is None:
+            _fail("--verify needs --key: the service's public key (a PEM file, or the "
+                  "service's URL)")
+        try:
+            from ..client import ServiceError, public_key_from
+        except ImportError:
+            _fail("--verify needs the service extra: pip install 'klrelease[service]'")
+        try:
+            public_key = public_key_from(key)
+        except ServiceError as exc:
+            _fail(exc.detail)
+    rel = read_document(artifact, public_key=public_key)
+    if public_key is not None:
+        out_console.print(f"signature: [green]valid[/], Ed25519 key {rel.signature.key_id}",
+                          highlight=False)
     if isinstance(rel, FailDocument):
         out_console.print(f"[bold]FAIL[/] from {rel.source}  (no model released)",
                           highlight=False)

@@ -17,7 +17,7 @@ import numpy as np
 
 from .settings import SWEEPS, Experiment
 
-__all__ = ["plot_experiment"]
+__all__ = ["plot_experiment", "failure_lines"]
 
 _LOG_X = {"epsilon", "n_samples", "norm_bound"}
 
@@ -44,6 +44,24 @@ def _draw(ax, x, mean, lo, hi, colour, label, style="-", marker="o"):
     ax.errorbar(x, mean, yerr=[mean - lo, hi - mean], color=colour, linestyle=style,
                 marker=marker, markersize=4, capsize=3, linewidth=1.4, label=label)
     ax.fill_between(x, lo, hi, color=colour, alpha=0.15, linewidth=0)
+
+
+def failure_lines(summary: list[dict], labels: dict[str, str]) -> list[str]:
+    """One line per mechanism with results that are not a KL: how many were its own FAIL
+    output (a result of the mechanism, which its proof covers) and how many errors."""
+    lines = []
+    failed = [r for r in summary if r.get("n_failed")]
+    for m in dict.fromkeys(r["mechanism"] for r in failed):
+        recs = [r for r in summary if r["mechanism"] == m]
+        xs = [f"{r['x']:g}" for r in recs if r.get("n_failed")]
+        n_fail = sum(r.get("n_fail", 0) for r in recs)
+        n_error = sum(r["n_failed"] for r in recs) - n_fail
+        what = " and ".join(part for part in (
+            f"FAIL (the mechanism's output) in {n_fail}" if n_fail else "",
+            f"error in {n_error}" if n_error else "") if part)
+        lines.append(f"{labels.get(m, m)}: {what} of {sum(r['n_trials'] for r in recs)} "
+                     f"results (x = {', '.join(xs)}; see the CSV)")
+    return lines
 
 
 def plot_experiment(exp: Experiment, summary: list[dict], labels: dict[str, str],
@@ -80,22 +98,22 @@ def plot_experiment(exp: Experiment, summary: list[dict], labels: dict[str, str]
     axes[0].set_ylabel("KL(released || non-private)")
     axes[0].set_title("mean over datasets, 95% bootstrap CI", fontsize=9)
     axes[1].set_title("median over datasets, interquartile range", fontsize=9)
-    axes[0].legend(fontsize=7, loc="best")
-    bottom = 0.0
-    failed = [r for r in summary if r.get("n_failed")]
-    if failed:  # results that failed are stated on the figure, not dropped silently
-        lines = []
-        for m in dict.fromkeys(r["mechanism"] for r in failed):
-            recs = [r for r in summary if r["mechanism"] == m]
-            xs = [f"{r['x']:g}" for r in recs if r.get("n_failed")]
-            lines.append(f"{labels.get(m, m)}: FAIL/error in {sum(r['n_failed'] for r in recs)}"
-                         f" of {sum(r['n_trials'] for r in recs)} results (x = {', '.join(xs)};"
-                         " see the CSV)")
+    lines = failure_lines(summary, labels)
+    if lines:  # results that failed are stated on the figure, not dropped silently
         fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, color="crimson", va="bottom")
-        bottom = 0.03 + 0.03 * len(lines)
+    bottom = 0.02 * len(lines) + (0.01 if lines else 0.0)
+    # one legend below both panels: inside a panel it covered curves (fig2's kl-certified)
+    handles, names = axes[0].get_legend_handles_labels()
+    ncol = 3
+    rows = -(-len(names) // ncol)
+    legend_h = 0.035 * rows + 0.01
+    if handles:
+        fig.legend(handles, names, loc="lower center", ncol=ncol, fontsize=7, frameon=False,
+                   bbox_to_anchor=(0.5, bottom))
+    fig.set_size_inches(12.0, 4.8 + 4.8 * (legend_h + bottom))
     fig.suptitle(f"{exp.name}: {exp.title}  ({exp.trials} datasets x {exp.n_draws} releases)",
                  fontsize=10)
-    fig.tight_layout(rect=(0.0, bottom, 1.0, 1.0))
+    fig.tight_layout(rect=(0.0, bottom + legend_h, 1.0, 1.0))
     path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -57,6 +57,8 @@ def summarise(rows: list[dict], mechanisms: list[str], values, *,
             rec = {
                 "mechanism": m, "x": x, "n_trials": len(sel), "n_ok": len(ok),
                 "n_failed": len(sel) - len(ok),
+                # of which FAIL outputs of the mechanism (its proof covers them), not errors
+                "n_fail": sum(1 for r in sel if r.get("status") == "FAIL"),
                 "kl_mean": mean, "kl_ci_low": lo, "kl_ci_high": hi,
                 "kl_median": float(np.median(kl)) if kl.size else float("nan"),
                 "kl_q25": float(np.quantile(kl, 0.25)) if kl.size else float("nan"),

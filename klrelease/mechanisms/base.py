@@ -36,7 +36,7 @@ import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
 from ..data import LabelledData
-from ..gmm import GMM
+from ..gmm import GMM, check_gmm
 from ..neighbours import Adjacency
 from ..privacy.guarantee import Guarantee
 
@@ -50,6 +50,7 @@ __all__ = [
     "COMPONENTS",
     "Int",
     "Float",
+    "last_resort",
 ]
 
 COMPONENTS = ("weights", "means", "covariances")
@@ -277,6 +278,25 @@ class Mechanism(ABC):
         """
         return options.adjacency in self.certified_relations
 
+    def public_guarantee(self, *, epsilon: float, delta: float, options: MechanismOptions,
+                         n_samples: int, n_classes: int, n_features: int) -> Guarantee | None:
+        """The claim of a release from public inputs alone, before any data is read.
+
+        A budget ledger charges this claim before the data is touched, so it must be the
+        claim :meth:`plan` makes (same epsilon, delta, relation, certified flag and privacy
+        curve) for a dataset of ``n_samples`` rows, ``n_classes`` declared classes and
+        ``n_features`` features with its public bound given. ``None`` (the default) means the
+        mechanism does not know its claim before planning; a ledger then charges the claimed
+        (epsilon, delta) and composes it by basic composition.
+        """
+        return None
+
+    def check_claim(self, *, epsilon: float, delta: float, public: Mapping[str, Any]) -> None:
+        """Raise ``ValueError`` if a certified artifact's (epsilon, delta) is not what the
+        public design values recorded beside it give (an edited claim). Nothing recorded,
+        nothing to check (the default)."""
+        return None
+
     @abstractmethod
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> Plan:
         """Design the mechanism on ``data`` (options arrive validated)."""
@@ -318,3 +338,15 @@ def _option_error(mechanism: Mechanism, exc: ValidationError) -> str:
 def check_options(mechanism: Mechanism, options: Mapping[str, Any]) -> dict[str, Any]:
     """Validate ``options`` against the mechanism's :attr:`~Mechanism.Options` (defaults filled)."""
     return mechanism.validate_options(options).as_dict()
+
+
+def last_resort(model, K: int, d: int, classes) -> GMM:
+    """``model()`` checked as the artifact will check it, or, if even that fails, the model of
+    no data at all (equal weights, means 0, unit covariances): a release never fails after
+    noise was drawn."""
+    try:
+        with np.errstate(all="ignore"):
+            return check_gmm(model())
+    except (ValueError, np.linalg.LinAlgError, FloatingPointError):
+        return GMM(np.full(K, 1.0 / K), np.zeros((K, d)), np.broadcast_to(np.eye(d), (K, d, d)
+                                                                            ).copy(), classes)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dp_accounting
+import numpy as np
 from dp_accounting.pld import PLDAccountant
 
 from ..neighbours import Adjacency
@@ -164,6 +165,63 @@ def _pld_accountant(guarantees: list[Guarantee]) -> PLDAccountant:
     return PLDAccountant(value_discretization_interval=1e-4 * max(1.0, spread))
 
 
+def _response_losses(g: Guarantee) -> dict[float, float] | None:
+    """The privacy-loss distribution of a randomized-response claim (under the first of two
+    neighbours that differ in one label: loss +eps with probability p, -eps with q, 0
+    otherwise), or ``None`` for any other curve."""
+    event = getattr(g.curve, "event", None)
+    if not isinstance(g.curve, PureCurve) or not isinstance(
+            event, dp_accounting.RandomizedResponseDpEvent):
+        return None
+    K = int(event.num_buckets)
+    q = float(event.noise_parameter) / K
+    p = 1.0 - float(event.noise_parameter) + q
+    eps = float(np.log(p / q)) if q > 0 else float("inf")
+    return {eps: p, -eps: q, 0.0: max(1.0 - p - q, 0.0)}
+
+
+def _composed_delta(guarantees: list[Guarantee], epsilon: float) -> float | None:
+    """delta(epsilon) of the composition of ``guarantees``, or ``None`` when a curve is not
+    known.
+
+    Gaussian mechanisms compose exactly: their privacy-loss distributions are Gaussian, and
+    the composition of Gaussian mechanisms of whitened sensitivities ``mu_i`` is the Gaussian
+    mechanism of sensitivity ``mu = sqrt(sum mu_i^2)`` (Dong, Roth & Su 2022), whose curve is
+    Balle & Wang's closed form. Randomized response on labels has a discrete privacy loss
+    (``_response_losses``); with them the composition's delta is exactly
+    ``sum_l P(l) delta_mu(epsilon - l)`` over the convolution of those discrete losses (the
+    hockey-stick divergence of a product, integrated over its discrete part). Any other mix
+    goes through ``dp_accounting``'s PLD accountant (pessimistic discretisation).
+    """
+    if not guarantees:
+        return 0.0
+    if all(g.certified for g in guarantees):
+        gauss = [g for g in guarantees if isinstance(g.curve, GaussianCurve)]
+        pure = [_response_losses(g) for g in guarantees if g not in gauss]
+        if all(x is not None for x in pure):
+            mu = sum(float(g.curve.mu) ** 2 for g in gauss) ** 0.5
+            losses = {0.0: 1.0}
+            for dist in pure:
+                nxt: dict[float, float] = {}
+                for a, pa in losses.items():
+                    for b, pb in dist.items():
+                        key = round(a + b, 12)
+                        nxt[key] = nxt.get(key, 0.0) + pa * pb
+                losses = nxt
+            if mu > 0:
+                return float(min(1.0, sum(pl * GaussianCurve(mu).delta_at(epsilon - loss)
+                                          for loss, pl in losses.items() if pl > 0)))
+            return float(sum(pl * max(0.0, 1.0 - np.exp(min(epsilon - loss, 700.0)))
+                             for loss, pl in losses.items() if pl > 0))
+    events = [g.dp_event() for g in guarantees]
+    accountant = _pld_accountant(guarantees)
+    if not all(accountant.supports(e) for e in events):
+        return None
+    for e in events:
+        accountant.compose(e)
+    return float(accountant.get_delta(epsilon))
+
+
 class BudgetExceeded(ValueError):
     """A privacy budget would be exceeded: a release refused by a :class:`BudgetAccountant`,
     or a learner's worst-path ledger above the request (public facts, raised before any data
@@ -182,7 +240,9 @@ class BudgetAccountant:
     -----
     Releases compose under one neighbouring relation. The composition is accepted when it is
     within the total by basic composition (sums of epsilons and deltas) or, when every release
-    has a known ``dp_accounting`` event, by the PLD accountant at the total epsilon.
+    has a known privacy curve, by the composed curve at the total epsilon: exactly for
+    Gaussian mechanisms (one Gaussian mechanism of sensitivity ``sqrt(sum mu_i^2)``), by
+    ``dp_accounting``'s PLD accountant otherwise.
     Only certified releases can be accounted for.
     """
 
@@ -210,13 +270,8 @@ class BudgetAccountant:
         tol = 1e-12
         if eps <= self.epsilon * (1 + tol) and dlt <= self.delta * (1 + tol) + tol:
             return True
-        events = [g.dp_event() for g in guarantees]
-        accountant = _pld_accountant(guarantees)
-        if not all(accountant.supports(e) for e in events):
-            return False
-        for e in events:
-            accountant.compose(e)
-        return accountant.get_delta(self.epsilon) <= self.delta
+        composed = _composed_delta(guarantees, self.epsilon)
+        return composed is not None and composed <= self.delta
 
     def check(self, guarantee: Guarantee) -> None:
         """Raise :class:`BudgetExceeded` if ``guarantee`` cannot be spent."""
@@ -240,9 +295,27 @@ class BudgetAccountant:
         self.check(guarantee)
         self.spent.append(guarantee)
 
+    def cancel(self, guarantee: Guarantee) -> None:
+        """Remove the charge :meth:`spend` made for ``guarantee`` (the same object): only for
+        an attempt that failed before any noise was drawn, which released nothing. Never
+        after noise: whatever happens then, the budget is spent."""
+        for i in range(len(self.spent) - 1, -1, -1):
+            if self.spent[i] is guarantee:
+                del self.spent[i]
+                return
+        raise ValueError("cancel: this guarantee was not spent")
+
     def total_delta_at(self, epsilon: float | None = None) -> float:
-        """Delta of everything spent at ``epsilon`` (default: the total epsilon) by PLD."""
-        accountant = _pld_accountant(self.spent)
-        for g in self.spent:
-            accountant.compose(g.dp_event())
-        return float(accountant.get_delta(self.epsilon if epsilon is None else epsilon))
+        """Delta of everything spent at ``epsilon`` (default: the total epsilon), from the
+        composed privacy curve (exact for Gaussian mechanisms, else by PLD).
+
+        Raises
+        ------
+        ValueError
+            If a release's privacy curve is not known (it composes by its (epsilon, delta)).
+        """
+        composed = _composed_delta(self.spent, self.epsilon if epsilon is None else epsilon)
+        if composed is None:
+            raise ValueError("the privacy curve of a release is not known; releases compose "
+                             "by basic composition only")
+        return composed

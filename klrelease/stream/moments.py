@@ -13,20 +13,35 @@ common offset (the raw second moment ``sum u u^T`` would lose it: ``1e9`` rows a
 stable radix sort of the class codes and every class block is reduced with one matrix
 product of its centred rows.
 
-These are private statistics: nothing here logs or prints them.
+These are private statistics: nothing here logs or prints them, and no numpy floating-point
+warning is raised while computing them.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..statistics import class_blocks, column_sums
+from ..rows import class_blocks, column_sums
 
 __all__ = ["ClassMoments", "chunk_moments", "class_sums", "bounded_class_moments",
            "pooled_moments", "RowMap"]
+
+def _quiet(fn):
+    """Run ``fn`` with numpy's floating-point warnings off: these are private accumulations,
+    and whether one overflows (rows near the float range) must not show outside the result,
+    which carries the inf or NaN for the callers' checks."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
 
 #: A per-row map applied before accumulation: ``f(rows, codes) -> rows`` (same row count).
 RowMap = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -45,6 +60,7 @@ class ClassMoments:
         """Per-class sums ``n_k m_k`` (K, d)."""
         return self.counts[:, None] * self.means
 
+    @_quiet
     def merge(self, other: ClassMoments) -> ClassMoments:
         """The moments of the union of both row sets (Chan et al.'s parallel update)."""
         na, nb = self.counts, other.counts
@@ -57,6 +73,7 @@ class ClassMoments:
         return ClassMoments(n, means, scat)
 
 
+@_quiet
 def chunk_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
                   f: RowMap | None = None) -> ClassMoments:
     """The moments of one chunk, after the per-row map ``f`` (applied to the whole chunk)."""
@@ -77,6 +94,7 @@ def chunk_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
     return ClassMoments(np.diff(bounds).astype(float), means, scat)
 
 
+@_quiet
 def class_sums(U: np.ndarray, codes: np.ndarray, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-class counts (K,) and sums (K, d) of the rows of ``U`` (no sort: one weighted
     bincount per column). For bounded rows (clipped), where plain sums keep their accuracy."""
@@ -87,6 +105,7 @@ def class_sums(U: np.ndarray, codes: np.ndarray, n_classes: int) -> tuple[np.nda
     return counts, sums
 
 
+@_quiet
 def bounded_class_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
                           fn: Callable[[np.ndarray, int], np.ndarray]
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -112,6 +131,7 @@ def bounded_class_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
     return counts, sums, second
 
 
+@_quiet
 def pooled_moments(rows: np.ndarray) -> ClassMoments:
     """The count, mean and centred scatter of all ``rows`` as one class."""
     m = column_sums(rows) / rows.shape[0] if rows.shape[0] else np.zeros(rows.shape[1])

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import _encode_labels, typed_classes
-from ..statistics import column_sums
+from ..data import _check_one_label_type, _encode_labels, typed_classes
+from ..rows import column_sums
 from .moments import (
     ClassMoments,
     RowMap,
@@ -148,12 +148,12 @@ class Source:
             raise ValueError("at least two classes are needed to release a mixture")
         return self.classes
 
-    def scan(self, fn: Callable, merge: Callable, initial):
+    def scan(self, fn: Callable, merge: Callable, initial, *, indexed: bool = False):
         """One pass: ``fn(X, codes)`` on every chunk (validated, labels as class codes), the
-        results merged in chunk order. The interface of
-        :class:`klrelease.solvers.passes.MemoryRows`."""
+        results merged in chunk order (``indexed=True``: ``fn(X, codes, offset)``). The
+        interface of :class:`klrelease.solvers.passes.MemoryRows`."""
         return self.reduce(_Validated(fn, self.n_features, self.resolve_classes()), merge,
-                           initial)
+                           initial, indexed=indexed)
 
     @property
     def n_classes(self) -> int:
@@ -177,13 +177,16 @@ class Source:
         """
         return self.scan(_ChunkMoments(len(self.resolve_classes()), f), _merge_moments, None)
 
-    def pooled_and_sample(self, size: int | None = None) -> tuple[ClassMoments, np.ndarray]:
-        """One pass over the features (labels are not read): the count, mean and centred
-        scatter of all rows (as one class), and the :mod:`~klrelease.stream.sample` of
-        ``size`` rows (default :data:`~klrelease.stream.sample.SAMPLE_ROWS`) chosen by their
-        index. For public features only (label flip)."""
+    def pooled_and_sample(self, size: int | None = None, *, check_labels: bool = False
+                          ) -> tuple[ClassMoments, np.ndarray]:
+        """One pass over the features: the count, mean and centred scatter of all rows (as
+        one class), and the :mod:`~klrelease.stream.sample` of ``size`` rows (default
+        :data:`~klrelease.stream.sample.SAMPLE_ROWS`) chosen by their index. For public
+        features only (label flip). The labels are not used; with ``check_labels`` every one
+        is validated (among the declared classes) in the same pass, before any noise."""
+        classes = self.resolve_classes() if check_labels else None
         self.resolve_classes()
-        m, s = self.reduce(_PooledSample(self.n_features, size), _merge_pairs, None,
+        m, s = self.reduce(_PooledSample(self.n_features, size, classes), _merge_pairs, None,
                            indexed=True)
         return m, s.values()
 
@@ -282,8 +285,8 @@ class _Validated:
     d: int
     classes: tuple
 
-    def __call__(self, X, y):
-        return self.fn(*_chunk(X, y, self.d, self.classes))
+    def __call__(self, X, y, *offset):
+        return self.fn(*_chunk(X, y, self.d, self.classes), *offset)
 
 
 def _chunk_range(X, codes):
@@ -322,9 +325,10 @@ class _ChunkSums:
 class _PooledSample:
     d: int
     size: int | None
+    classes: tuple | None = None  # validate the labels too
 
     def __call__(self, X, y, offset):
-        X = _chunk(X, y, self.d, None)[0]
+        X = _chunk(X, y, self.d, self.classes)[0]
         return pooled_moments(X), RowSample.of(X, offset, self.size)
 
 
@@ -347,6 +351,7 @@ def _add_tuples(a, b):
 
 
 def _present_labels(y) -> np.ndarray:
+    _check_one_label_type(y)
     y = np.asarray(y)
     if y.dtype.kind == "O":
         y = y.astype(str)
@@ -381,6 +386,10 @@ class ArraySource(Source):
             X = np.asarray(X)
         if X.ndim != 2:
             raise ValueError("X must be two-dimensional (n_samples, n_features)")
+        if np.iscomplexobj(X):
+            raise ValueError("X must hold real numbers; complex values are not supported")
+        if classes is None:
+            _check_one_label_type(y)
         y = np.asarray(y) if not isinstance(y, np.ndarray) else y
         if y.ndim == 2 and 1 in y.shape:
             y = y.reshape(-1)
@@ -461,6 +470,17 @@ class ParquetSource(Source):
         self.n_features = len(feats)
 
     prefetch = True
+
+    def on_dask(self, client=None) -> DaskSource:
+        """The same files as a Dask dataframe read by the workers of ``client`` (same files,
+        same order, same columns, classes and bound)."""
+        import dask.dataframe as dd
+
+        cols = [*self.feature_names, self.label_column]
+        ddf = dd.read_parquet([str(p) for p in self.paths], columns=cols)
+        return DaskSource(ddf, label_column=self.label_column,
+                          classes=self.classes if self.classes_declared else None,
+                          bounds=self.bounds, norm_bound=self.norm_bound, client=client)
 
     def chunks(self):
         import pyarrow.parquet as pq

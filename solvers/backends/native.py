@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from ..native import dual_ipm
+from ..native import MAX_ITER, dual_ipm
 from ..problem import SolverFailed
 from ._cvxpy import BackendSolution
 
@@ -45,7 +45,7 @@ class NativeBackend:
         return {
             "tol": tol,
             "accept_tol": 2.0 * tol,
-            "max_iter": int(max_iters or 200),
+            "max_iter": int(max_iters or MAX_ITER),
             "deadline": deadline,
         }
 

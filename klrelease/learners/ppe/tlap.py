@@ -41,7 +41,13 @@ def tlap_bound(sensitivity: float, epsilon: float, delta: float) -> float:
 
 def t_min(epsilon: float, delta: float) -> int:
     """``max(5, ceil(20 Lambda / eps))``: the block count at which ``A(2/t) <= 0.1``."""
-    return max(5, math.ceil(20.0 / epsilon * tlap_lambda(epsilon, delta)))
+    if epsilon <= 0 or not 0 < delta <= 0.5:
+        raise ValueError("TLap needs eps > 0 and 0 < delta <= 1/2")
+    t = 20.0 / epsilon * tlap_lambda(epsilon, delta)
+    if not math.isfinite(t) or t > 1e15:
+        raise ValueError(f"TLap at epsilon={epsilon:g}, delta={delta:g} needs more blocks "
+                         "than can be counted; give a larger delta")
+    return max(5, math.ceil(t))
 
 
 def sample_tlap(sensitivity: float, epsilon: float, delta: float, rng: np.random.Generator,

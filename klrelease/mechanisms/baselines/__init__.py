@@ -4,7 +4,9 @@
 * :mod:`.gaussian_iid`      ``gaussian-iid``: i.i.d. Gaussian noise (certified);
 * :mod:`.laplace_iid`       ``laplace-iid``: i.i.d. Laplace noise (certified under label flip);
 * :mod:`.colored_gaussian`  ``colored-gaussian``: the paper's SDP-shaped mean noise;
-* :mod:`.r1smg`             ``r1smg``: rank-one singular multivariate Gaussian noise.
+* :mod:`.r1smg`             ``r1smg``: rank-one singular multivariate Gaussian noise;
+* :mod:`.randomized_response` ``randomized-response``: randomized response on the labels,
+  debiased class moments (certified under label flip; pure DP).
 
 Each module states its own privacy map.
 """
@@ -13,5 +15,6 @@ from .colored_gaussian import ColoredGaussian
 from .gaussian_iid import GaussianIID
 from .laplace_iid import LaplaceIID
 from .r1smg import R1SMG
+from .randomized_response import RandomizedResponse
 
-__all__ = ["ColoredGaussian", "GaussianIID", "LaplaceIID", "R1SMG"]
+__all__ = ["ColoredGaussian", "GaussianIID", "LaplaceIID", "R1SMG", "RandomizedResponse"]

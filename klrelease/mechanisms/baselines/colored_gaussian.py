@@ -146,7 +146,12 @@ def _data_mean_noise(common: Common, data, level: float, solver: str):
     else:
         unit = unit_mean_noise(common.X, data.codes, stats, eye, Adjacency.LABEL_FLIP,
                                solver=solver)
-    return [np.array(G) / level for G in unit.G1], unit.solver
+    with np.errstate(over="ignore"):
+        covs = [np.array(G) / level for G in unit.G1]
+    if not all(np.all(np.isfinite(C)) for C in covs):  # before any noise is drawn
+        raise ValueError("colored-gaussian's mean noise leaves the floating-point range at "
+                         "this epsilon and delta; use a larger epsilon or delta")
+    return covs, unit.solver
 
 
 @register

@@ -109,6 +109,24 @@ def default_cov_floor(domain: Domain) -> float:
     return COV_FLOOR_FACTOR * r2 if r2 > 0 else 1e-12
 
 
+#: The widths of a public domain that keep every noise scale of the baselines in floating
+#: point: their sensitivities scale with the widths and their squares (covariances), summed
+#: over features.
+DOMAIN_WIDTHS = (1e-150, 1e150)
+
+
+def check_domain_scale(domain: Domain, mechanism: str) -> None:
+    """Refuse a public domain whose widths would put a sensitivity or a noise scale outside
+    the floating-point range (a squared width of 1e-160 underflows, of 1e160 overflows)."""
+    w = np.asarray(domain.ranges, dtype=float)
+    lo, hi = DOMAIN_WIDTHS
+    if not (np.all(np.isfinite(w)) and w.min() >= lo and w.sum() <= hi):
+        raise ValueError(
+            f"{mechanism}: the public bound's widths must lie between {lo:g} and {hi:g} "
+            "(the noise scales with them and with their squares); give the bound and the "
+            "features in other units")
+
+
 def resolve_domain(data: LabelledData, bounds: Any, adjacency: Adjacency, mechanism: str):
     """Choose the public domain (see the module docstring) or explain what is missing.
 
@@ -183,6 +201,7 @@ def resolve_common(data: LabelledData, opts: dict, mechanism: str, *,
             f"allowed: {allowed}"
         )
     domain = resolve_domain(data, opts["bounds"], adjacency, mechanism)
+    check_domain_scale(domain, mechanism)
 
     n_min = opts["min_class_size"]
     if n_min is None:

@@ -137,8 +137,11 @@ class GaussianIID(Mechanism):
         sig = joint_gaussian_sigmas(sens, common.shares, epsilon, delta)
         # the calibration is exact: re-check it with the closed-form delta before releasing
         achieved = gaussian_delta(1.0, epsilon, joint_sensitivity(sens, sig))
-        if not achieved <= delta * (1 + 1e-6):
-            raise RuntimeError("Gaussian calibration failed its exact check")
+        if not achieved <= delta * (1 + 1e-6):  # public inputs only: before any noise
+            raise ValueError(
+                f"{self.name} cannot calibrate its noise at epsilon={epsilon:g}, "
+                f"delta={delta:g} to floating-point accuracy (the exact check of delta "
+                "fails); use a larger epsilon or delta")
         K, d = data.n_classes, data.n_features
         guarantee = Guarantee(
             epsilon=epsilon, delta=delta, neighbouring=common.adjacency.value, certified=True,

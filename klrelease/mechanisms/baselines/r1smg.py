@@ -78,7 +78,12 @@ def r1smg_sigma2(epsilon: float, delta: float, sensitivity: float, dim: int) -> 
     log_psi = (2.0 / (dim - 2)) * (
         math.log(delta) + gammaln((dim - 1) / 2) - 0.5 * math.log(math.pi) - gammaln(dim / 2)
     )
-    return float(2.0 * sensitivity**2 / epsilon * math.exp(-log_psi))
+    with np.errstate(over="ignore"):
+        sigma2 = float(2.0 * sensitivity**2 / epsilon * np.exp(-log_psi))
+    if not (np.isfinite(sigma2) and sigma2 > 0):  # public inputs only
+        raise ValueError(f"r1smg's noise variance leaves the floating-point range at "
+                         f"epsilon={epsilon:g}, delta={delta:g}; use a larger epsilon or delta")
+    return sigma2
 
 
 @dataclass(frozen=True)

@@ -28,15 +28,16 @@ never fails after noise has been drawn.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+from scipy.special import gammaln
 from scipy.stats import chi2
 
 from ...linalg import vech
 from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.projections import project_simplex
-from ...statistics import affine_rows
+from ...statistics import affine_rows, clip_to_norm
 
 __all__ = [
     "Budget",
@@ -55,20 +56,55 @@ __all__ = [
     "symmetric_gaussian",
 ]
 
-#: Public constants of the design (the same for every dataset).
+#: Public constants of the design (the same for every dataset). Every radius, level and floor
+#: below is a *starting point* for small budgets: as the noise of a stage falls (epsilon or the
+#: released counts grow) the radii grow and the floors fall, so that the release tends to the
+#: non-private fit (the clipping bias and every floor vanish in the limit).
 SETTINGS = {
     # label flip: share of mu^2 for counts, stage-A sums; replace-one adds the pooled scatter
     "label-flip": {"counts": 0.09, "sums": 0.21, "scatter": 0.0},
     "replace-one": {"counts": 0.10, "sums": 0.24, "scatter": 0.06},
-    "radius_quantile": 0.9,  # label flip: stage-A radius = this quantile of the row-sample norms
-    "box_radius": 0.6,  # replace-one: stage-A radius = this x sqrt(d) in the bound's frame
-    "region_level": 0.95,  # stage-C radius^2 = chi2_d quantile at this level
+    "radius_quantile": 0.9,  # label flip: stage-A radius >= this quantile of the sample norms
+    "box_radius": 0.6,  # replace-one, not located: stage-A radius >= this x the bound's
+    "box_noise": 0.05,  # ... growing to all of it as a class mean's relative noise falls below
+    "locate_share": 0.08,  # replace-one: share of mu^2 for locating, taken from stage C
+    "region_level": 0.95,  # stage-C radius^2 >= chi2_d quantile at this level
+    "tail_scale": 1.0,  # stage C: tail mass outside a region <= this x its relative noise
     "count_floor": 2.0,  # released counts used as divisors are >= this x their noise sd
     "prior_divergence": 0.25,  # per dimension: expected ||Sigma_k - pooled||_F^2 / d in frame
     "eigen_margin": 1.0,  # pooled eigenvalues lowered by this x their noise scale
-    "class_floor": 0.1,  # class eigenvalues >= this x the smallest target eigenvalue
-    "pooled_floor": 1e-3,  # pooled eigenvalues >= this x the largest one
+    "class_floor": 0.1,  # class eigenvalues >= this x the smallest target eigenvalue, at most
+    "noise_floor": 1.0,  # ... and at most this x the noise scale of the class estimate
+    "pooled_floor": 1e-3,  # pooled eigenvalues >= this x the largest one, at most, and at
+    #                        most their noise scale
+    "round_share": 0.35,  # stage C in two rounds: the first round's share of s_C^2
+    "rounds_threshold": 0.1,  # ... when the first alone gives covariances this precise
+    "round_cover": 0.1,  # second-round regions at least this x the pooled covariance
+    # response design: this x the James-Stein shrinkage (randomized response's noise is a few
+    # far rows, not Gaussian: full shrinkage would bias the many draws with little noise)
+    "response_shrink": 0.5,
 }
+
+
+def clip_factors(r, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """How much clipping to the ball of radius ``r`` shrinks a standard Gaussian in R^d.
+
+    For ``u ~ N(0, I_d)`` and ``c(u) = u min(1, r/||u||)``: ``E[c(u) c(u)^T] = g I`` with
+    ``g = F_{d+2}(r^2) + (r^2/d) (1 - F_d(r^2))``, and for a small shift ``delta`` of the
+    centre, ``E[c(u + delta)] = h delta + o(delta)`` with
+    ``h = F_d(r^2) + (1 - 1/d) r E[1/||u||; ||u|| > r]`` (F_k the chi-square CDF). Dividing the
+    clipped moments by these public factors removes the clipping bias for Gaussian classes; both
+    tend to 1 as ``r`` grows. Returns ``(h, g)`` (broadcast over ``r``).
+    """
+    r = np.asarray(r, dtype=float)
+    r2 = r * r
+    g = chi2.cdf(r2, d + 2) + (r2 / d) * chi2.sf(r2, d)
+    if d >= 2:
+        inv = np.exp(gammaln((d - 1) / 2) - gammaln(d / 2)) / np.sqrt(2.0) * chi2.sf(r2, d - 1)
+        h = chi2.cdf(r2, d) + (1.0 - 1.0 / d) * r * inv
+    else:
+        h = chi2.cdf(r2, 1)
+    return np.clip(h, 1e-6, 1.0), np.clip(g, 1e-6, 1.0)
 
 _MEAN_SHARES = np.array([0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 1.0])
 
@@ -147,21 +183,23 @@ class Budget:
     sums: float
     scatter: float
     classes: float
+    locate: float = 0.0
 
     @classmethod
     def split(cls, epsilon: float, delta: float, shares: dict) -> Budget:
         mu = gaussian_max_sensitivity(epsilon, delta)
         # the calibration is exact to ~1e-12; a relative margin keeps delta(eps) <= delta
         mu *= 1.0 - 1e-9
-        f = {k: float(shares[k]) for k in ("counts", "sums", "scatter")}
+        f = {k: float(shares.get(k, 0.0)) for k in ("counts", "sums", "scatter", "locate")}
         rest = 1.0 - sum(f.values())
         return cls(epsilon, delta, mu, mu * np.sqrt(f["counts"]), mu * np.sqrt(f["sums"]),
-                   mu * np.sqrt(f["scatter"]), mu * np.sqrt(rest))
+                   mu * np.sqrt(f["scatter"]), mu * np.sqrt(rest), mu * np.sqrt(f["locate"]))
 
     @property
     def total(self) -> float:
         """sqrt of the sum of the stage sensitivities squared (equals ``mu``)."""
-        return float(np.sqrt(self.counts**2 + self.sums**2 + self.scatter**2 + self.classes**2))
+        return float(np.sqrt(self.counts**2 + self.sums**2 + self.scatter**2 + self.classes**2
+                             + self.locate**2))
 
     def delta_at(self, epsilon: float) -> float:
         """delta(eps) of this release (the Gaussian curve with shift ``mu``)."""
@@ -183,7 +221,8 @@ class Budget:
 
     def describe(self) -> str:
         return (f"one Gaussian mechanism of total whitened sensitivity mu = {self.mu:.6g} "
-                f"(counts {self.counts:.4g}, sums {self.sums:.4g}"
+                + (f"(locating {self.locate:.4g}, " if self.locate > 0 else "(")
+                + f"counts {self.counts:.4g}, sums {self.sums:.4g}"
                 + (f", pooled scatter {self.scatter:.4g}" if self.scatter > 0 else "")
                 + f", class stage {self.classes:.4g}); delta({self.epsilon:g}) = "
                 f"{self.delta_at(self.epsilon):.4g} <= {self.delta:g}")
@@ -208,11 +247,31 @@ class PublicInputs:
     region_radius: float  # stage C, in class-frame units
     total_scatter: np.ndarray | None = None
     total_sums: np.ndarray | None = None
+    #: label flip: a sample of the (public) rows in the frame
+    public_rows: np.ndarray | None = None
     settings: dict = field(default_factory=lambda: dict(SETTINGS))
+    #: replace-one, once located: the bound's frame composed with the located frame
+    located: object = None
+    #: replace-one: the bound's per-feature interval in its frame, (lower, upper)
+    bound_window: tuple | None = None
 
     @property
     def label_flip(self) -> bool:
         return self.relation == "label-flip"
+
+    def locate(self, located) -> PublicInputs:
+        """These inputs in the located frame (:class:`.locate.Located`, released values):
+        ``u = (t - c) / s`` per feature for ``t`` in the bound's frame."""
+        f = self.frame
+        frame = Frame(f.centre + located.centre @ f.W_inv, f.W / located.scale[None, :],
+                      located.scale[:, None] * f.W_inv)
+        return replace(self, frame=frame, located=located)
+
+    @property
+    def locate_sd(self) -> float:
+        """Noise sd of a locating histogram's counts (two rounds of equal share)."""
+        return locate_sd(self.budget, self.n_features)
+
 
     @property
     def sums_factor(self) -> float:
@@ -236,8 +295,47 @@ class PublicInputs:
         return float(np.sqrt(2.0) * self.radius**2 / self.budget.scatter)
 
 
+def locate_sd(budget: Budget, d: int) -> float:
+    """Noise sd of a locating histogram's counts: two rounds of equal share ``s_L^2 / 2``,
+    each moving ``2 d`` squared units of count under replace-one."""
+    if budget.locate <= 0:
+        return float("inf")
+    return float(np.sqrt(2.0 * d) / (budget.locate / np.sqrt(2.0)))
+
+
 def region_radius(d: int, level: float) -> float:
     return float(np.sqrt(chi2.ppf(level, d)))
+
+
+def tail_radius(d: int, level: float, rel, tail_scale: float) -> np.ndarray:
+    """The chi-square radius leaving the tail mass ``min(1 - level, tail_scale * rel)``
+    outside: ``level``'s radius while the relative noise ``rel`` of what is clipped is large,
+    growing without bound as it falls."""
+    alpha = np.clip(tail_scale * np.asarray(rel, dtype=float), 1e-300, 1.0 - level)
+    return np.sqrt(np.maximum(chi2.isf(alpha, d), chi2.ppf(level, d)))
+
+
+def flip_radius(norms: np.ndarray, n_samples: int, n_classes: int, d: int, sens: float,
+                level: float) -> float:
+    """Label flip: the stage-A radius from the public row norms (a sample of them).
+
+    The ``level`` quantile of the norms, or more where a larger radius lowers the squared error
+    of a class sum: the clipped excess ``E(R) = sum_n (||t_n|| - R)_+`` (public: it reads the
+    features only) shared by the classes, ``(E(R)/K)^2``, against the noise ``2 d R^2 /
+    sens^2``. As ``sens`` grows the radius reaches the largest norm (nothing is clipped).
+    """
+    r = np.sort(np.asarray(norms, dtype=float))
+    r = r[np.isfinite(r)]
+    if r.size == 0 or r[-1] <= 0:
+        return 1.0  # every row at the centre: any radius will do
+    base = float(np.quantile(r, level))
+    scale = n_samples / r.size
+    tail = np.cumsum(r[::-1])[::-1]  # sum of the norms from each one up
+    count = np.arange(r.size, 0, -1)
+    excess = scale * (tail - count * r)  # E(R) at R = r_i (rows at r_i clip to nothing)
+    cost = (excess / n_classes) ** 2 + 2.0 * d * r**2 / max(sens, 1e-300) ** 2
+    best = float(r[int(np.argmin(cost))])
+    return max(base if base > 0 else float(r[-1]), best)
 
 
 # ------------------------------------------------------------------------- stage A: centres
@@ -275,7 +373,8 @@ def centres(pub: PublicInputs, counts: np.ndarray, sums: np.ndarray):
 
 def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
                       means_cov: np.ndarray, scatter: np.ndarray | None = None,
-                      scatter_centres: np.ndarray | None = None) -> np.ndarray:
+                      scatter_centres: np.ndarray | None = None,
+                      cover: bool = False) -> np.ndarray:
     """The pooled within-class covariance (frame units) from public and released values.
 
     Label flip: ``(T - sum_k n_k (m_k m_k^T - C_k)) / (N - K)`` with ``T`` the public total
@@ -283,7 +382,9 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     contribution removed). Replace-one: the released scatter about the released stage-A
     centres, corrected for the distance between those centres and ``means``.
     Eigenvalues are lowered by their noise scale (the KL divergence punishes an overestimated
-    variance more than an underestimated one) and floored relative to the largest.
+    variance more than an underestimated one) and floored relative to the largest. With
+    ``cover=True`` (the shape of a clipping region, which must cover the class) they are
+    raised by it instead.
     """
     N, K = pub.n_samples, pub.n_classes
     dof = max(N - K, 1)
@@ -302,8 +403,12 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     P = np.where(np.isfinite(P), P, 0.0)
     top = float(np.max(np.linalg.eigvalsh(P)))
     scale = top if np.isfinite(top) and top > 0 else 1.0
-    floor = pub.settings["pooled_floor"] * scale
-    margin = pub.settings["eigen_margin"] * (err if np.isfinite(err) else 0.0)
+    err = err if np.isfinite(err) else scale
+    # a floor relative to the largest eigenvalue, falling with the noise of the estimate
+    floor = min(pub.settings["pooled_floor"] * scale, max(err, 1e-12 * scale))
+    margin = pub.settings["eigen_margin"] * err
+    if cover:
+        return eig_apply(P, lambda w: np.maximum(w, max(floor, margin)))
     return eig_apply(P, lambda w: np.maximum(w - margin, floor))
 
 
@@ -312,30 +417,94 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
 
 @dataclass(frozen=True)
 class Regions:
-    """Per class: ``u = (t - centre_k) @ W_k`` clipped to ``||u|| <= r`` (frame ``t``)."""
+    """Per class: ``u = (t - centre_k) @ W_k`` clipped to ``||u|| <= radius_k`` (frame ``t``).
+    """
 
     centres: np.ndarray  # (K, d)
     W: np.ndarray  # (K, d, d) symmetric
     W_inv: np.ndarray  # (K, d, d) = shape^(1/2)
     shape: np.ndarray  # (K, d, d) = W_inv^2, the region's covariance-like shape
     is_global: np.ndarray  # (K,) bool: the stage-A ball was cheaper for this class
+    radius: np.ndarray  # (K,) clipping radius in the region's coordinates
+
+
+def responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
+                     pooled: np.ndarray) -> np.ndarray | None:
+    """Label flip: each public row's posterior over the classes under the released model
+    (weights from the released counts, released means, the pooled covariance shared), shape
+    ``(m, K)`` for the ``m`` sampled rows; ``None`` under replace-one (the rows are private).
+    Post-processing of released values and public features."""
+    T = pub.public_rows
+    if T is None or T.shape[0] == 0:
+        return None
+    P = 0.5 * (pooled + pooled.T)
+    Pinv = np.linalg.inv(P)
+    lw = np.log(np.maximum(n / n.sum(), 1e-300))
+    c = 0.5 * np.einsum("ki,ij,kj->k", means, Pinv, means)
+    logit = T @ Pinv @ means.T - c[None, :] + lw[None, :]
+    logit -= logit.max(axis=1, keepdims=True)
+    R = np.exp(logit)
+    return R / R.sum(axis=1, keepdims=True)
+
+
+def public_shapes(pub: PublicInputs, resp: np.ndarray | None, means: np.ndarray,
+                  pooled: np.ndarray) -> np.ndarray | None:
+    """Label flip: each class's shape, the posterior-weighted scatter of the public rows about
+    its released mean (:func:`responsibilities`), plus a thousandth of the pooled covariance.
+    """
+    if resp is None:
+        return None
+    T = pub.public_rows
+    K, d = pub.n_classes, pub.n_features
+    w = resp.sum(axis=0)
+    out = np.empty((K, d, d))
+    for k in range(K):
+        D = T - means[k]
+        S = (D * resp[:, k:k + 1]).T @ D / max(w[k], 1e-300)
+        out[k] = 0.5 * (S + S.T) + 1e-3 * pooled
+    return out
+
+
+def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
+    """Label flip: what the clip removed from each class's sums and second moments, estimated
+    from the public rows given to the class by their posterior (region coordinates, scaled
+    from the row sample to N rows). Added to the released moments, it replaces the Gaussian
+    clip factors: a heavy tail that the clip cut is put back where the public rows say it is.
+    """
+    T = pub.public_rows
+    K, d = pub.n_classes, pub.n_features
+    scale = pub.n_samples / T.shape[0]
+    E1, E2 = np.zeros((K, d)), np.zeros((K, d, d))
+    for k in range(K):
+        U = (T - reg.centres[k]) @ reg.W[k]
+        V = clip_to_norm(U, reg.radius[k])
+        w = resp[:, k:k + 1] * scale
+        E1[k] = np.sum(w * (U - V), axis=0)
+        E2[k] = (U * w).T @ U - (V * w).T @ V
+    return E1, E2
 
 
 def regions(pub: PublicInputs, centre: np.ndarray, centre_cov: np.ndarray,
-            pooled: np.ndarray) -> Regions:
-    """Class regions from released values: centre ``m_k``, shape ``pooled + C_k``.
+            pooled: np.ndarray, radius: np.ndarray, allow_global: bool = True,
+            shapes: np.ndarray | None = None) -> Regions:
+    """Class regions from released values: centre ``m_k``, shape ``pooled + C_k``, radius
+    ``r_k`` (:func:`class_noise`).
 
     The shape covers the class's rows (spread about ``pooled``) around a centre known up to
     its noise ``C_k``. A class whose region would cost more mean noise (``tr(P^{-1} shape)
-    r^2``) than the stage-A ball (``tr(P^{-1}) R^2``) uses that ball instead.
+    r_k^2``) than the stage-A ball (``tr(P^{-1}) R^2``) uses that ball instead.
     """
     K, d = pub.n_classes, pub.n_features
-    r, R = pub.region_radius, pub.radius
-    shape = pooled[None] + centre_cov
-    Pinv = np.linalg.inv(pooled)
-    cost = r**2 * np.einsum("ij,kji->k", Pinv, shape)
-    glob = ~(cost < R**2 * np.trace(Pinv))  # NaN-safe: non-finite cost -> global
-    shape = np.where(glob[:, None, None], (R / r) ** 2 * np.eye(d)[None], shape)
+    r, R = np.asarray(radius, dtype=float), pub.radius
+    base = pooled if shapes is None else shapes
+    shape = np.broadcast_to(base, (K, d, d)) + centre_cov
+    if allow_global:
+        Pinv = np.linalg.inv(pooled)
+        cost = r**2 * np.einsum("ij,kji->k", Pinv, shape)
+        glob = ~(cost < R**2 * np.trace(Pinv))  # NaN-safe: non-finite cost -> global
+    else:
+        glob = ~np.all(np.isfinite(shape), axis=(1, 2))
+    shape = np.where(glob[:, None, None], (R / r)[:, None, None] ** 2 * np.eye(d)[None], shape)
     ctr = np.where(glob[:, None], 0.0, centre)
     top = np.linalg.eigvalsh(shape)[:, -1]
     floor = 1e-12 * np.where(np.isfinite(top) & (top > 0), top, 1.0)
@@ -343,7 +512,7 @@ def regions(pub: PublicInputs, centre: np.ndarray, centre_cov: np.ndarray,
                   for k in range(K)])
     W_inv = np.stack([eig_apply(shape[k], lambda w, f=floor[k]: np.sqrt(np.maximum(w, f)))
                       for k in range(K)])
-    return Regions(ctr, W, W_inv, W_inv @ W_inv, glob)
+    return Regions(ctr, W, W_inv, W_inv @ W_inv, glob, r)
 
 
 def allocate_pairwise(costs: np.ndarray, total: float, label_flip: bool) -> np.ndarray:
@@ -374,55 +543,154 @@ def allocate_pairwise(costs: np.ndarray, total: float, label_flip: bool) -> np.n
 @dataclass(frozen=True)
 class ClassNoise:
     """Noise of stage C per class: sums N(0, mean_sd^2 I), second moments symmetric Gaussian
-    of scale ``cov_sd`` (``inf``: the class's second moments are not released)."""
+    of scale ``cov_sd`` (``inf``: the class's second moments are not released), rows clipped
+    to the radius ``radius`` in the class region's coordinates."""
 
     mean_sd: np.ndarray  # (K,)
     cov_sd: np.ndarray  # (K,)
     shares: np.ndarray  # (K,) t_k
+    radius: np.ndarray  # (K,) r_k
 
     def sensitivity_sq(self, pub: PublicInputs) -> np.ndarray:
-        """Per class: ``t_k = f r^2 / mean_sd^2 + r^4 / cov_sd^2`` with ``f`` 1 (label flip)
-        or 2 (replace-one: a within-class replacement moves the sum by up to ``2r``)."""
-        r = pub.region_radius
+        """Per class: ``t_k = f r_k^2 / mean_sd^2 + r_k^4 / cov_sd^2`` with ``f`` 1 (label
+        flip) or 2 (replace-one: a within-class replacement moves the sum by up to ``2 r_k``).
+        """
+        r = self.radius
         f = 1.0 if pub.label_flip else 2.0
         cov = np.where(np.isfinite(self.cov_sd), r**4 / self.cov_sd**2, 0.0)
         return f * r**2 / self.mean_sd**2 + cov
 
 
-def class_noise(pub: PublicInputs, n: np.ndarray) -> ClassNoise:
-    """Stage-C noise from the released counts: shares between classes, then per class the
-    split between means and second moments minimising a KL surrogate.
+def class_radius(pub: PublicInputs, n: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Stage-C clipping radius per class, from public values and released counts.
+
+    ``r_k^2`` is the chi-square quantile leaving the tail mass
+    ``alpha_k = min(1 - region_level, tail_scale * r_0^2 / (sqrt(t_k) n_k))`` outside: the
+    fraction of a Gaussian class that is clipped is at most of the order of the relative noise
+    of its released second moments at the base radius ``r_0``. As that noise vanishes (epsilon
+    or the class grows) the radius grows without bound, so the clipping bias vanishes too.
+    """
+    s = pub.settings
+    rel = pub.region_radius**2 / (np.sqrt(np.maximum(t, 1e-300)) * np.maximum(n, 1.0))
+    return tail_radius(pub.n_features, s["region_level"], rel, s["tail_scale"])
+
+
+def located_radius(d: int, n_samples: int, n_classes: int, budget: Budget) -> float:
+    """Replace-one: the stage-A (and stage-B) radius in the working frame.
+
+    Located (the features standardised): the chi-square radius whose tail mass falls with the
+    relative noise of a class sum of ``N / K`` rows (``radius_quantile``'s radius at small
+    budgets). Not located (the bound's frame, scaled to a quarter of its width per standard
+    deviation): ``box_radius`` of the bound's radius, growing to all of it as that noise falls.
+    """
+    s = SETTINGS
+    sens = max(budget.sums, 1e-300)
+    if budget.locate > 0:
+        r0sq = chi2.ppf(s["radius_quantile"], d)
+        rel = r0sq * n_classes / (sens * max(n_samples, 1))
+        return float(tail_radius(d, s["radius_quantile"], rel, s["tail_scale"]))
+    rel = np.sqrt(d) * n_classes / (sens * max(n_samples, 1))
+    frac = 1.0 - (1.0 - s["box_radius"]) * min(1.0, rel / s["box_noise"])
+    return float(2.0 * np.sqrt(d) * frac)
+
+
+def class_noise(pub: PublicInputs, n: np.ndarray, total: float,
+                divergence: np.ndarray | float) -> ClassNoise:
+    """Noise of one stage-C round from the released counts: shares between classes (of the
+    round's squared sensitivity ``total``), radii, then per class the split between means and
+    second moments minimising a KL surrogate.
 
     Surrogate of class k (class-frame units, released n): means ``d sigma_m^2 / (2 n^2)``;
-    covariances ``nu D / (4 (nu + D))`` with ``nu = sigma_c^2 d(d+1) / (2 (n-1)^2)`` the noise
-    energy and ``D = prior_divergence * d`` (shrinkage toward the pooled covariance caps the
-    loss at the prior divergence). Depends on public values and released counts only.
+    covariances ``nu D / (4 (nu + D))`` with ``nu = sigma_c^2 d(d+1) / (2 (g (n-1))^2)`` the
+    noise energy and ``D`` the expected squared distance of the class covariance from the
+    shrinkage target (``divergence``: ``prior_divergence * d`` against the pooled covariance;
+    the first round's noise energy against its estimate). Depends on public values and released
+    counts only.
     """
     K, d = pub.n_classes, pub.n_features
-    r = pub.region_radius
+    r0 = pub.region_radius
     f_sum = 1.0 if pub.label_flip else 2.0
     w = n / n.sum()
     # costs at unit share for the pairwise allocation (mean part dominates small classes)
-    t = allocate_pairwise(w * d * f_sum * r**2 / (2 * n**2), pub.budget.classes**2,
-                          pub.label_flip)
-    D = pub.settings["prior_divergence"] * d
+    t = allocate_pairwise(w * d * f_sum * r0**2 / (2 * n**2), total, pub.label_flip)
+    radius = class_radius(pub, n, t)
+    _, g = clip_factors(radius, d)
+    D = np.broadcast_to(np.asarray(divergence, dtype=float), (K,))
     mean_sd = np.empty(K)
     cov_sd = np.empty(K)
     for k in range(K):
         best = None
+        r = radius[k]
         for fm in _MEAN_SHARES:
             sm2 = f_sum * r**2 / (fm * t[k])
             cost = d * sm2 / (2 * n[k] ** 2)
             sc2 = np.inf if fm >= 1.0 else r**4 / ((1.0 - fm) * t[k])
             if np.isfinite(sc2):
-                nu = sc2 * d * (d + 1) / (2 * max(n[k] - 1.0, 1.0) ** 2)
-                cost += nu * D / (4 * (nu + D))
+                nu = sc2 * d * (d + 1) / (2 * (g[k] * max(n[k] - 1.0, 1.0)) ** 2)
+                cost += nu * D[k] / (4 * (nu + D[k]))
             else:
-                cost += D / 4
+                cost += D[k] / 4
             if best is None or cost < best[0]:
                 best = (cost, sm2, sc2)
         mean_sd[k], cov_sd[k] = np.sqrt(best[1]), np.sqrt(best[2])
-    return ClassNoise(mean_sd, cov_sd, t)
+    return ClassNoise(mean_sd, cov_sd, t, radius)
+
+
+def covariance_energy(noise: ClassNoise, n: np.ndarray, d: int) -> np.ndarray:
+    """Expected ``||E||_F^2`` of the noise of a round's class covariances (region units, after
+    the clip factor): ``sigma_c^2 d (d+1) / (2 (g (n-1))^2)``; ``inf`` where not released."""
+    _, g = clip_factors(noise.radius, d)
+    dof = np.maximum(n - 1.0, 1.0)
+    return noise.cov_sd**2 * d * (d + 1) / (2.0 * (g * dof) ** 2)
+
+
+def round_shares(pub: PublicInputs, n: np.ndarray) -> tuple[float, ...]:
+    """The squared sensitivities of the stage-C rounds (they sum to ``s_C^2``).
+
+    One round, unless the first round alone, given ``round_share`` of the budget, would already
+    estimate every class covariance to within ``rounds_threshold`` relative noise per
+    dimension: then a second round re-centres and re-shapes every region on the first round's
+    estimate (the class's own covariance instead of the pooled one) and spends the rest.
+    Decided from public values and released counts only.
+    """
+    total = pub.budget.classes**2
+    s = pub.settings
+    first = s["round_share"] * total
+    trial = class_noise(pub, n, first, s["prior_divergence"] * pub.n_features)
+    rel = covariance_energy(trial, n, pub.n_features) / pub.n_features
+    if np.all(np.isfinite(rel)) and float(np.max(rel)) <= s["rounds_threshold"]:
+        return first, total - first
+    return (total,)
+
+
+def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: np.ndarray,
+                     scatter: np.ndarray, target: np.ndarray, k: int,
+                     corrected: bool = False) -> np.ndarray:
+    """Class ``k``'s covariance in its region's coordinates from one round's released sums
+    and second moments (post-processing): corrected for the clip's public factor, shrunk
+    toward ``target`` by the known noise energy (James-Stein), eigenvalues floored at a level
+    that falls with the noise. ``target`` alone when the second moments were not released."""
+    d = pub.n_features
+    s = pub.settings
+    T = target
+    tmin = float(np.linalg.eigvalsh(T)[0])
+    floor = s["class_floor"] * (tmin if np.isfinite(tmin) and tmin > 0 else 1.0)
+    if not np.isfinite(noise.cov_sd[k]):
+        return eig_apply(T, lambda w, f=floor: np.maximum(w, f))
+    g = 1.0 if corrected else clip_factors(noise.radius[k], d)[1]
+    dof = max(n[k] - 1.0, 1.0)
+    u = sums[k] / n[k]
+    # second moments about the class mean, corrected for the clip's public factor
+    C = (scatter[k] - n[k] * np.outer(u, u)) / (dof * g)
+    sd = noise.cov_sd[k] / (dof * g)
+    nu = sd**2 * d * (d + 1) / 2
+    dist = float(np.sum((C - T) ** 2))
+    a = min(1.0, nu / dist) if dist > 0 and np.isfinite(dist) else 1.0
+    C = (1 - a) * C + a * T
+    # the floor falls with the noise (the spectral scale of the released noise)
+    floor = min(floor, s["noise_floor"] * sd * np.sqrt(2.0 * d))
+    floor = max(floor, 1e-12 * max(float(np.abs(np.diag(T)).max()), 1e-300))
+    return eig_apply(C, lambda w, f=floor: np.maximum(w, f))
 
 
 # ------------------------------------------------------------------------- post-processing
@@ -442,8 +710,104 @@ def released_weights(counts, N: int, K: int) -> np.ndarray:
     """Mixture weights from released counts: projected onto the simplex with every weight at
     least ``1 / (2 max(N, K))`` (a public floor below ``1 / K``, so the projection exists for
     every N and K)."""
-    counts = np.nan_to_num(np.asarray(counts, dtype=float))
-    return project_simplex(counts / N, floor=0.5 / max(N, K))
+    floor = 0.5 / max(N, K)
+    counts = np.nan_to_num(np.asarray(counts, dtype=float), posinf=0.0, neginf=0.0)
+    w = project_simplex(counts / N, floor=floor)
+    # counts far larger than N (tiny epsilon) leave rounding in the projection's sum
+    w = np.maximum(np.nan_to_num(w, nan=floor), floor)
+    return w / w.sum()
+
+
+def _region_means(reg: Regions, noise: ClassNoise, n: np.ndarray, sums: np.ndarray, d: int,
+                  corrected: bool = False):
+    """Class means (frame units) from a round's released sums and the noise covariance."""
+    h = np.ones(len(n)) if corrected else clip_factors(reg.radius, d)[0]
+    # corrected for the public shrink factor of the clip (Gaussian classes)
+    m = reg.centres + np.einsum("kji,kj->ki", reg.W_inv, sums / (n * h)[:, None])
+    C = (noise.mean_sd**2 / (n * h) ** 2)[:, None, None] * reg.shape
+    return m, C
+
+
+def _pooled(pub: PublicInputs, output: dict, n, means, means_cov, m1,
+            cover: bool = False) -> np.ndarray:
+    if pub.label_flip:
+        return pooled_covariance(pub, n, means, means_cov, cover=cover)
+    return pooled_covariance(pub, n, means, means_cov,
+                             np.asarray(output["scatter"], dtype=float), m1, cover=cover)
+
+
+def stage_c_design(pub: PublicInputs, output: dict) -> dict:
+    """Recompute the design of stage C's first round from the released values of stages A and
+    B (and whether a second round follows)."""
+    n, m1, C1 = centres(pub, output["counts"], output["sums"])
+    P = _pooled(pub, output, n, m1, C1, m1, cover=False)
+    shares = round_shares(pub, n)
+    noise = class_noise(pub, n, shares[0], pub.settings["prior_divergence"] * pub.n_features)
+    # first-round regions are shaped by the pooled covariance (the public class shapes, from
+    # the rough stage-A model, cost more than they save here); they serve as shrinkage targets
+    reg = regions(pub, m1, C1, P, noise.radius)
+    resp = responsibilities(pub, n, m1, P)
+    return {"n": n, "m1": m1, "C1": C1, "pooled": P, "regions": reg, "noise": noise,
+            "shares": shares, "resp": resp}
+
+
+def _first_round(pub: PublicInputs, output: dict, first: dict):
+    """Means (frame), their noise covariance, the pooled covariance and the class covariances
+    (frame) after the first round."""
+    d, K = pub.n_features, pub.n_classes
+    n, reg, noise = first["n"], first["regions"], first["noise"]
+    S1, S2, corr = _corrected(pub, reg, first["resp"], output, "")
+    m2, C2 = _region_means(reg, noise, n, S1, d, corr)
+    means, Cm = _combine(first["m1"], first["C1"], m2, C2)
+    P = _pooled(pub, output, n, means, Cm, first["m1"])
+    shapes = public_shapes(pub, responsibilities(pub, n, means, P), means, P)
+    # the public class shape is the target of a class whose second moments were released;
+    # one that was not keeps the pooled covariance (robust when the released means are rough)
+    if shapes is not None:
+        shapes = np.where(np.isfinite(noise.cov_sd)[:, None, None], shapes, P[None])
+    target = reg.W @ (P[None] if shapes is None else shapes) @ reg.W
+    covs = np.stack([reg.W_inv[k] @ class_covariance(pub, noise, n, S1, S2, target[k], k, corr)
+                     @ reg.W_inv[k] for k in range(K)])
+    return means, Cm, P, covs
+
+
+def _corrected(pub: PublicInputs, reg: Regions, resp, output: dict, suffix: str):
+    """A round's released sums and second moments, with the public tail corrections added
+    under label flip (``corrected=True``: no Gaussian clip factors then)."""
+    S1 = np.asarray(output["class_sums" + suffix], dtype=float)
+    S2 = np.asarray(output["class_scatter" + suffix], dtype=float)
+    if resp is None:
+        return S1, S2, False
+    E1, E2 = tail_corrections(pub, reg, resp)
+    return S1 + E1, S2 + E2, True
+
+
+def _at_least(C: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """A matrix at least ``B`` and at least ``C`` along every direction of ``B``'s frame:
+    ``B^{1/2} max(B^{-1/2} C B^{-1/2}, I) B^{1/2}``."""
+    Bh = eig_apply(B, lambda w: np.sqrt(np.maximum(w, 1e-300)))
+    Bih = eig_apply(B, lambda w: 1 / np.sqrt(np.maximum(w, 1e-300)))
+    return Bh @ eig_apply(Bih @ C @ Bih, lambda w: np.maximum(w, 1.0)) @ Bh
+
+
+def round_two_design(pub: PublicInputs, output: dict, first: dict | None = None) -> dict:
+    """The second round of stage C, from the released values of stages A, B and the first
+    round: every region re-centred on the combined mean and shaped by the class's own
+    estimated covariance (plus the mean's noise)."""
+    first = stage_c_design(pub, output) if first is None else first
+    n = first["n"]
+    means, Cm, P, covs = _first_round(pub, output, first)
+    d = pub.n_features
+    energy = covariance_energy(first["noise"], n, d)
+    energy = np.where(np.isfinite(energy), energy, pub.settings["prior_divergence"] * d)
+    noise = class_noise(pub, n, first["shares"][1], energy)
+    shapes = covs
+    if pub.settings.get("round_cover", 0.0) > 0:
+        shapes = np.stack([_at_least(c, pub.settings["round_cover"] * first["pooled"])
+                           for c in covs])
+    reg = regions(pub, means, Cm, shapes, noise.radius, allow_global=False)
+    return {"n": n, "means": means, "means_cov": Cm, "pooled": P, "covs": covs,
+            "regions": reg, "noise": noise}
 
 
 def estimate(pub: PublicInputs, output: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -451,38 +815,23 @@ def estimate(pub: PublicInputs, output: dict) -> tuple[np.ndarray, np.ndarray, n
 
     ``output`` holds the raw released arrays: ``counts``, ``sums`` (stage A), ``scatter``
     (stage B, replace-one), ``class_sums`` and ``class_scatter`` (stage C, in the class
-    regions' coordinates). The design is recomputed from them exactly as :meth:`sample` did.
+    regions' coordinates) and, after a second round, ``class_sums_2`` and ``class_scatter_2``.
+    The design is recomputed from them exactly as the mechanism did.
     """
     K, d, N = pub.n_classes, pub.n_features, pub.n_samples
-    design = stage_c_design(pub, output)
-    n, m1, C1, reg, noise = (design[k] for k in ("n", "m1", "C1", "regions", "noise"))
-    S1 = np.asarray(output["class_sums"], dtype=float)
-    S2 = np.asarray(output["class_scatter"], dtype=float)
-    m2 = reg.centres + np.einsum("kji,kj->ki", reg.W_inv, S1 / n[:, None])
-    C2 = (noise.mean_sd**2 / n**2)[:, None, None] * reg.shape
-    means, Cm = _combine(m1, C1, m2, C2)
-    if pub.label_flip:
-        P = pooled_covariance(pub, n, means, Cm)
+    first = stage_c_design(pub, output)
+    if len(first["shares"]) == 1:
+        means, _, _, covs = _first_round(pub, output, first)
     else:
-        P = pooled_covariance(pub, n, means, Cm, np.asarray(output["scatter"], dtype=float), m1)
-    target = reg.W @ P[None] @ reg.W
-    covs = np.empty((K, d, d))
-    for k in range(K):
-        T = target[k]
-        tmin = float(np.linalg.eigvalsh(T)[0])
-        if np.isfinite(noise.cov_sd[k]):
-            dof = max(n[k] - 1.0, 1.0)
-            u = S1[k] / n[k]
-            Ck = (S2[k] - n[k] * np.outer(u, u)) / dof
-            nu = noise.cov_sd[k] ** 2 * d * (d + 1) / (2 * dof**2)
-            dist = float(np.sum((Ck - T) ** 2))
-            a = min(1.0, nu / dist) if dist > 0 and np.isfinite(dist) else 1.0
-            Ck = (1 - a) * Ck + a * T
-        else:
-            Ck = T
-        floor = pub.settings["class_floor"] * (tmin if np.isfinite(tmin) and tmin > 0 else 1.0)
-        Ck = eig_apply(Ck, lambda w, f=floor: np.maximum(w, f))
-        covs[k] = reg.W_inv[k] @ Ck @ reg.W_inv[k]
+        second = round_two_design(pub, output, first)
+        n, reg, noise = second["n"], second["regions"], second["noise"]
+        S1, S2, corr = _corrected(pub, reg, first["resp"], output, "_2")
+        m3, C3 = _region_means(reg, noise, n, S1, d, corr)
+        means, _ = _combine(second["means"], second["means_cov"], m3, C3)
+        target = reg.W @ second["covs"] @ reg.W
+        covs = np.stack([reg.W_inv[k] @ class_covariance(pub, noise, n, S1, S2, target[k], k,
+                                                         corr)
+                         @ reg.W_inv[k] for k in range(K)])
     weights = released_weights(output["counts"], N, K)
     fr = pub.frame
     raw_means = fr.mean_to_raw(means)
@@ -492,19 +841,66 @@ def estimate(pub: PublicInputs, output: dict) -> tuple[np.ndarray, np.ndarray, n
     return weights, raw_means, raw_covs
 
 
-def stage_c_design(pub: PublicInputs, output: dict) -> dict:
-    """Recompute the design of stage C from the released values of stages A and B."""
-    n, m1, C1 = centres(pub, output["counts"], output["sums"])
-    if pub.label_flip:
-        P = pooled_covariance(pub, n, m1, C1)
-    else:
-        P = pooled_covariance(pub, n, m1, C1, np.asarray(output["scatter"], dtype=float), m1)
-    reg = regions(pub, m1, C1, P)
-    return {"n": n, "m1": m1, "C1": C1, "pooled": P, "regions": reg,
-            "noise": class_noise(pub, n)}
-
-
 def gaussian_logpdf(x: np.ndarray, sd) -> float:
     """Sum of log N(x; 0, sd^2) over all entries (``sd`` broadcast)."""
     sd = np.broadcast_to(np.asarray(sd, dtype=float), np.shape(x))
     return float(np.sum(-0.5 * (x / sd) ** 2 - np.log(sd) - 0.5 * np.log(2 * np.pi)))
+
+
+# ------------------------------------------------------------- label flip: randomized response
+
+
+def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int,
+                      frame: Frame, public_rows: np.ndarray | None,
+                      settings: dict | None = None) -> tuple[np.ndarray, ...]:
+    """Weights, means and covariances (raw units) from randomized response's reported moments
+    in the public frame (post-processing of the reported labels and the public features).
+
+    The debiased class moments (:func:`klrelease.privacy.response.debiased_moments`) are
+    unbiased but noisy where the flipped rows lie far from a class. Each class covariance is
+    shrunk toward the public class shape (the public rows weighted by their posterior under the
+    debiased model; the pooled covariance where that is degenerate) by the ratio of its known
+    noise energy to its distance from the target (James-Stein), and its eigenvalues are floored
+    at a level that falls with that noise. As epsilon grows the noise, the shrinkage and the
+    floor vanish: the release becomes the non-private fit.
+    """
+    from ...privacy.response import debiased_moments
+
+    s = SETTINGS if settings is None else settings
+    K, N = int(n_classes), int(n_samples)
+    n, S1, S2, energy = debiased_moments(moments, K, epsilon)
+    d = S1.shape[1]
+    w = released_weights(n, N, K)
+    nn = np.maximum(n, 2.0)
+    mu = S1 / nn[:, None]
+    dof = nn - 1.0
+    C = (S2 - nn[:, None, None] * _outer(mu)) / dof[:, None, None]
+    C = 0.5 * (C + np.swapaxes(C, -1, -2))
+    total = S2.sum(axis=0)  # the public scatter of all rows, exactly
+    P = (total - np.einsum("k,kij->ij", nn, _outer(mu))) / max(N - K, 1)
+    P = eig_apply(P, lambda v: np.maximum(v, 1e-12 * max(float(np.max(v)), 1e-300)))
+    pub = PublicInputs(relation="label-flip", n_samples=N, n_classes=K, n_features=d,
+                       frame=frame, budget=None, radius=0.0, region_radius=0.0,
+                       public_rows=public_rows)
+    targets = public_shapes(pub, responsibilities(pub, nn, mu, P), mu, P)
+    if targets is None:
+        targets = np.broadcast_to(P, (K, d, d))
+    nu = energy(mu) / dof**2  # expected ||noise||_F^2 of each class covariance
+    # James-Stein: (p - 2) sigma^2 / distance^2 with p = d(d+1)/2 free entries, nu = p sigma^2
+    free = d * (d + 1) / 2.0
+    js = s["response_shrink"] * max(free - 2.0, 0.0) / free
+    covs = np.empty((K, d, d))
+    for k in range(K):
+        T = targets[k]
+        dist = float(np.sum((C[k] - T) ** 2))
+        a = min(1.0, js * nu[k] / dist) if dist > 0 and np.isfinite(dist) else js
+        Ck = (1 - a) * C[k] + a * T
+        # eigenvalues floored, direction by direction, at a fraction of the target's variance
+        # there (the public shape: the scale a class plausibly has in that direction)
+        vals, vecs = np.linalg.eigh(0.5 * (Ck + Ck.T))
+        prior = np.einsum("ji,jk,ki->i", vecs, T, vecs)
+        floor = np.maximum(s["class_floor"] * prior,
+                           1e-12 * max(float(np.abs(np.diag(T)).max()), 1e-300))
+        covs[k] = (vecs * np.maximum(vals, floor)) @ vecs.T
+    raw = frame.cov_to_raw(covs)
+    return w, frame.mean_to_raw(mu), 0.5 * (raw + np.swapaxes(raw, -1, -2))

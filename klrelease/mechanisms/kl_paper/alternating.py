@@ -60,6 +60,38 @@ class PaperDesign:
         return self.eps0 + float(np.max(self.eps_k + self.wishart_costs))
 
 
+#: The range of class covariance eigenvalues in which Algorithm 1's products (covariances,
+#: their inverses, Wishart scales and their squares) stay in floating point.
+EIGENVALUE_RANGE = (1e-150, 1e150)
+
+
+def check_invertible(covariances: np.ndarray) -> None:
+    """Refuse class covariances that Algorithm 1 cannot use, before any noise: not finite,
+    with eigenvalues outside :data:`EIGENVALUE_RANGE` (its products would overflow after noise
+    is drawn), or singular to working precision (numerical rank below d: the smallest
+    eigenvalue at most ``d * eps`` times the largest, as ``matrix_rank`` decides). The messages
+    name no class and no value."""
+    d = covariances.shape[-1]
+    lo, hi = EIGENVALUE_RANGE
+    if not np.all(np.isfinite(covariances)):
+        raise ValueError("kl-paper cannot use these features: their class statistics overflow "
+                         "(values near the floating-point range); give the features in other "
+                         "units, or use kl-certified")
+    w = np.linalg.eigvalsh(0.5 * (covariances + covariances.swapaxes(-1, -2)))
+    top = w[..., -1]
+    if np.any(w[..., 0] <= top * d * np.finfo(float).eps) or np.any(top <= 0):
+        raise ValueError(
+            "kl-paper needs every class covariance to be invertible (Algorithm 1 uses its "
+            "inverse), and one is singular: a feature is constant within a class, or a "
+            "class's rows span fewer dimensions than there are features (duplicated rows); "
+            "drop such features, or use kl-certified, which has no such requirement")
+    if np.any(top > hi) or np.any(w[..., 0] < lo):
+        raise ValueError(
+            f"kl-paper needs the class covariances' eigenvalues between {lo:g} and {hi:g} "
+            "(Algorithm 1 multiplies covariances, their inverses and squares); give the "
+            "features in other units, or use kl-certified")
+
+
 def design_kl_paper(
     X,
     codes: np.ndarray | None,
@@ -84,6 +116,7 @@ def design_kl_paper(
     """
     K, d, N = stats.n_classes, stats.n_features, stats.n_samples
     counts = stats.counts.astype(float)
+    check_invertible(stats.covariances)
     sigma_inv = np.linalg.inv(stats.covariances)
     sigma_inv = 0.5 * (sigma_inv + sigma_inv.transpose(0, 2, 1))
     tr_sinv = np.einsum("kii->k", sigma_inv)
@@ -135,6 +168,13 @@ def design_kl_paper(
     mapping = (
         WeightMapping(support=support, probs=probs, lam=lam, total=N) if has_weights else None
     )
+    if not (np.all(np.isfinite(gamma)) and np.all(gamma > 0) and np.all(np.isfinite(mean_cov))
+            and np.all(np.isfinite(eps_k))):
+        # the draws would be NaN or degenerate after noise: refused before any is drawn
+        raise ValueError(
+            f"kl-paper's Algorithm 1 finds no usable noise at epsilon={epsilon:g}, "
+            f"delta={delta:g} (its covariance noise gets no budget, or a noise scale leaves "
+            "the floating-point range); use a larger epsilon or delta, or kl-certified")
     return PaperDesign(
         epsilon=epsilon,
         delta=delta,

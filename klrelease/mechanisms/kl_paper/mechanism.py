@@ -203,11 +203,12 @@ class KLPaper(Mechanism):
             if clip is not None:
                 X, clip = clip(X), None
             stats = class_statistics(X, codes, data.n_classes)
-        design = design_kl_paper(
-            X, codes, stats, transform=clip, epsilon=epsilon, delta=delta, adjacency=adjacency,
-            norm_bound=B, lam=lam, max_iter=int(opts["max_iter"]), tol=float(opts["tol"]),
-            solver=opts["solver"], reduce=opts["reduce"],
-        )
+        with np.errstate(all="ignore"):  # on private statistics; the design is checked
+            design = design_kl_paper(
+                X, codes, stats, transform=clip, epsilon=epsilon, delta=delta,
+                adjacency=adjacency, norm_bound=B, lam=lam, max_iter=int(opts["max_iter"]),
+                tol=float(opts["tol"]), solver=opts["solver"], reduce=opts["reduce"],
+            )
         guarantee = Guarantee(
             epsilon=epsilon,
             delta=delta,

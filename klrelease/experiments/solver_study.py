@@ -1,6 +1,6 @@
-"""Solver comparison study for the mean-noise SDP.
+"""Solver comparison study for the mean-noise SDP (``klrelease experiment solver-study``).
 
-    python experiments/solver_study/run.py [--quick] [--time-limit SECONDS] [--out DIR]
+    klrelease experiment solver-study [--quick] [--time-limit SECONDS] [--out DIR]
 
 For every number of neighbour vectors n and dimension d of the grid, one class problem is drawn
 like the paper's synthetic data (Dirichlet(1) class weights, means U[-10, 10]^d, covariances
@@ -20,36 +20,32 @@ without a licence: "not licensed", with the probe's reason); no row is dropped. 
 ``kl-paper`` release time (``solver="auto"``) of the data set behind each problem is measured
 once per (n, d).
 
-Outputs in ``--out`` (default: this folder): ``results.csv``, ``results.md`` and
-``results.png``.
+Outputs in ``OUT/solver_study/``: ``results.csv``, ``results.md`` and ``results.png``.
 """
 
 from __future__ import annotations
 
-import os
+import csv
+import multiprocessing as mp
+import platform
+import resource
+import time
+import traceback
+import warnings
+from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # forked solves: no BLAS thread pools
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+import numpy as np
 
-import argparse  # noqa: E402
-import csv  # noqa: E402
-import multiprocessing as mp  # noqa: E402
-import platform  # noqa: E402
-import resource  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-import warnings  # noqa: E402
-from pathlib import Path  # noqa: E402
+from .. import solvers
+from .._threads import single_threaded_blas
+from ..solvers import max_violation, mean_noise_sdp
+from ..solvers.backends import mosek as mosek_backend
+from ..solvers.synthetic import class_problems, gmm_data
 
-import numpy as np  # noqa: E402
+__all__ = ["run_solver_study", "FOLDER"]
 
-ROOT = Path(__file__).resolve().parents[2]
-
-from klrelease import solvers  # noqa: E402
-from klrelease.solvers import max_violation, mean_noise_sdp  # noqa: E402
-from klrelease.solvers.backends import mosek as mosek_backend  # noqa: E402
-from klrelease.solvers.synthetic import class_problems, gmm_data  # noqa: E402
+#: The results folder under ``--out``.
+FOLDER = "solver_study"
 
 FULL_N = [100, 1_000, 10_000, 100_000]
 FULL_D = [1, 2, 3, 5, 10, 20]
@@ -90,7 +86,7 @@ def make_problem(n: int, d: int, seed: int):
 def _child(conn, A, V, backend, reduce, time_limit):
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), single_threaded_blas():  # forked: no BLAS pools
             warnings.simplefilter("ignore")
             res = mean_noise_sdp(A, V, solver=backend, reduce=reduce, time_limit=time_limit)
         conn.send(
@@ -154,10 +150,8 @@ def mosek_state() -> str | None:
 
 
 def release_time(X, y) -> float | str:
-    try:
-        import klrelease
-    except ImportError:
-        return "klrelease not importable"
+    import klrelease
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -334,43 +328,41 @@ def plot(rows, path, limit):
     fig.suptitle("mean-noise SDP: x = time limit reached; only optimal, feasible solves drawn")
     fig.tight_layout(rect=(0, 0.07, 1, 0.96))
     fig.savefig(path, dpi=130)
+    plt.close(fig)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="n in {1e2, 1e3}, d in {1, 3, 10}")
-    ap.add_argument(
-        "--time-limit",
-        type=float,
-        default=None,
-        help="seconds per solve (default 60, or 10 with --quick)",
-    )
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
-    args = ap.parse_args(argv)
-    ns, ds = (QUICK_N, QUICK_D) if args.quick else (FULL_N, FULL_D)
-    limit = args.time_limit or (10.0 if args.quick else 60.0)
-    args.out.mkdir(parents=True, exist_ok=True)
-    command = "python experiments/solver_study/run.py" + "".join(
-        f" {a}" for a in (argv if argv is not None else sys.argv[1:])
-    )
+def run_solver_study(out="experiments", *, quick: bool = False, time_limit: float | None = None,
+                     seed: int = 0, grid: tuple[list[int], list[int]] | None = None,
+                     log=print) -> Path:
+    """Run the study and write ``results.csv``, ``results.md`` and ``results.png`` under
+    ``out/solver_study/``; returns that folder.
 
-    def log(row):
-        print(
+    ``quick``: n in {1e2, 1e3}, d in {1, 3, 10} and 10 s per solve (else 60 s); ``grid``
+    ``(ns, ds)`` overrides the grid; ``log(line)`` reports every solve.
+    """
+    ns, ds = (QUICK_N, QUICK_D) if quick else (FULL_N, FULL_D)
+    if grid is not None:
+        ns, ds = grid
+    limit = time_limit or (10.0 if quick else 60.0)
+    if not limit > 0:
+        raise ValueError(f"--time-limit must be > 0, got {time_limit}")
+    folder = Path(out) / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    command = "klrelease experiment solver-study" + (" --quick" if quick else "") + (
+        f" --time-limit {time_limit:g}" if time_limit else "")
+
+    def row_line(row):
+        log(
             f"n={row['n']:>6} d={row['d']:>2} {row['backend']:>8} {row['problem']:>9}: "
             f"{row['status']:<14} {fmt(row.get('time_s'), 't'):>8} s  "
-            f"viol={fmt(row.get('max_violation'), 'e')}",
-            flush=True,
+            f"viol={fmt(row.get('max_violation'), 'e')}"
         )
 
     start = time.perf_counter()
-    rows = study(ns, ds, limit, args.seed, log)
+    rows = study(ns, ds, limit, seed, row_line)
     seconds = time.perf_counter() - start
-    write_csv(rows, args.out / "results.csv")
-    write_markdown(rows, args.out / "results.md", command, limit, seconds)
-    plot(rows, args.out / "results.png", limit)
-    print(f"wrote {args.out / 'results.csv'}, results.md, results.png in {seconds:.0f} s")
-
-
-if __name__ == "__main__":
-    main()
+    write_csv(rows, folder / "results.csv")
+    write_markdown(rows, folder / "results.md", command, limit, seconds)
+    plot(rows, folder / "results.png", limit)
+    log(f"wrote {folder / 'results.csv'}, results.md, results.png in {seconds:.0f} s")
+    return folder

@@ -1,0 +1,197 @@
+"""Locating the data inside a loose public bound (``kl-certified`` under replace-one).
+
+A public bound says where the rows *may* lie, not where they do: a box 100 times wider than
+the data would make every later stage add noise at the scale of the box. Before any statistic
+of the rows is released, two rounds of noisy per-feature histograms find, feature by feature,
+the interval the rows occupy and their spread there:
+
+1. one histogram per feature over the bound's interval (``bins`` equal bins), Gaussian noise
+   on every count; the occupied interval is the span of the bins whose noisy count exceeds a
+   threshold ``z`` noise standard deviations (with ``z`` large enough that an empty bin passes
+   it with probability ``false_rate`` over all ``d * bins`` bins), widened by one bin;
+2. the same inside that interval (rows clipped into it), at its finer resolution; the located
+   frame is centred on the median and scaled by the standard deviation of the thresholded
+   histogram, and rows are clipped to the occupied span of this round (widened by one bin).
+
+Replacing one record moves one unit of count between two bins of every feature's histogram:
+the squared change is at most ``2 d``, so with noise ``sqrt(2 d) / s`` per bin each round is a
+Gaussian mechanism of whitened sensitivity ``s`` (proof: ``kl_certified.md``). Everything
+computed from the noisy counts is post-processing, and the counts reveal nothing about labels.
+
+As the budget grows the threshold falls below one row, so every occupied bin is kept and the
+located box grows to the data's own range: no row is clipped in the limit. The located frame
+changes with the units of a feature exactly as the bound does (equivariance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import norm
+
+__all__ = ["LOCATE", "Window", "Located", "histograms", "occupied", "located_from",
+           "threshold_z", "first_window", "second_window", "located_frame"]
+
+#: Public constants of the locating stage.
+LOCATE = {
+    "bins": 256,  # most bins per feature and round
+    "min_bins": 4,  # fewest (below this the data cannot be located: the stage is skipped)
+    "per_bin": 4.0,  # a round's bins hold, on average, at least this x the threshold
+    "false_rate": 0.05,  # chance that an empty bin anywhere passes the threshold
+    "mass": 0.5,  # an occupied span is kept only if its kept counts reach this x N
+}
+
+
+def round_bins(n_samples: int, d: int, sd: float, first: bool) -> int:
+    """Bins per feature of a round, from public inputs: as many as keep ``per_bin`` times the
+    threshold in an average bin of the round's window (the first round's window may be far
+    wider than the data, so it always has the most bins)."""
+    if first:
+        return LOCATE["bins"]
+    b = LOCATE["bins"]
+    while b > LOCATE["min_bins"] and n_samples / b < LOCATE["per_bin"] * (
+            threshold_z(d, b, LOCATE["false_rate"]) * sd):
+        b //= 2
+    return b
+
+
+def can_locate(n_samples: int, d: int, sd: float) -> bool:
+    """Whether the rows could be located at all: ``N`` rows in two bins of the first round
+    would pass its threshold twice over (public inputs only; otherwise the bound's frame is
+    used as it is and the stage's share goes to the others)."""
+    b = LOCATE["bins"]
+    return bool(n_samples >= 4.0 * threshold_z(d, b, LOCATE["false_rate"]) * sd)
+
+
+def threshold_z(d: int, bins: int, false_rate: float) -> float:
+    """Noise standard deviations an empty bin must exceed to count as occupied (Bonferroni
+    over the ``d * bins`` bins of a round)."""
+    return float(norm.isf(false_rate / (d * bins)))
+
+
+@dataclass(frozen=True)
+class Window:
+    """Per-feature intervals ``[lo, hi]`` (frame units), cut into ``bins`` equal bins."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+
+    def width(self, bins: int) -> np.ndarray:
+        return (self.hi - self.lo) / bins
+
+
+def histograms(T: np.ndarray, window: Window, bins: int) -> np.ndarray:
+    """Per-feature counts ``(d, bins)`` of the rows ``T`` clipped into ``window``."""
+    T = np.asarray(T, dtype=float)
+    d = window.lo.shape[0]
+    out = np.zeros((d, bins))
+    if T.shape[0] == 0:
+        return out
+    span = np.where(window.hi > window.lo, window.hi - window.lo, 1.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        pos = (np.clip(T, window.lo, window.hi) - window.lo) / span * bins
+    idx = np.clip(np.floor(np.nan_to_num(pos)), 0, bins - 1).astype(np.int64)
+    flat = idx + (np.arange(d) * bins)[None, :]
+    return np.bincount(flat.ravel(), minlength=d * bins).reshape(d, bins).astype(float)
+
+
+def occupied(noisy: np.ndarray, window: Window, threshold: float, n_samples: int) -> Window:
+    """The span of the bins whose noisy count exceeds ``threshold``, widened by one bin on
+    each side (within ``window``). The whole window for a feature where the kept counts do not
+    reach ``mass * N`` (``N`` is public): a few dense bins, or a false positive, never shrink
+    the window onto a fraction of the rows."""
+    d, bins = noisy.shape
+    w = window.width(bins)
+    lo, hi = window.lo.copy(), window.hi.copy()
+    for j in range(d):
+        on = np.flatnonzero(noisy[j] > threshold)
+        if on.size and noisy[j, on].sum() >= LOCATE["mass"] * n_samples:
+            lo[j] = max(window.lo[j], window.lo[j] + (on[0] - 1) * w[j])
+            hi[j] = min(window.hi[j], window.lo[j] + (on[-1] + 2) * w[j])
+    return Window(lo, hi)
+
+
+@dataclass(frozen=True)
+class Located:
+    """The located frame: ``u = clip((t - centre) / scale, lower, upper)`` per feature
+    (``t`` in the bound's frame)."""
+
+    centre: np.ndarray
+    scale: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+
+    def __call__(self, T: np.ndarray) -> np.ndarray:
+        return np.clip((T - self.centre) / self.scale, self.lower, self.upper)
+
+
+def located_from(noisy: np.ndarray, window: Window, threshold: float,
+                 n_samples: int) -> Located:
+    """The located frame from the second round's noisy histograms (post-processing).
+
+    Counts below the threshold are set to zero (an empty bin's noise), the rest give a
+    distribution per feature: centre its median, scale its standard deviation (at least a
+    quarter bin), and the clip box the occupied span (:func:`occupied`).
+    """
+    d, bins = noisy.shape
+    w = window.width(bins)
+    mids = window.lo[:, None] + (np.arange(bins)[None, :] + 0.5) * w[:, None]
+    mass = np.where(noisy > threshold, noisy, 0.0)
+    box = occupied(noisy, window, threshold, n_samples)
+    centre = 0.5 * (window.lo + window.hi)
+    scale = 0.25 * (window.hi - window.lo)
+    for j in range(d):
+        tot = mass[j].sum()
+        if tot >= LOCATE["mass"] * n_samples:
+            cdf = np.cumsum(mass[j]) / tot
+            k = min(int(np.searchsorted(cdf, 0.5)), bins - 1)
+            below = cdf[k - 1] if k > 0 else 0.0
+            within = (0.5 - below) / max(cdf[k] - below, 1e-300)  # linear inside the bin
+            centre[j] = window.lo[j] + (k + min(max(within, 0.0), 1.0)) * w[j]
+            mean = float(mass[j] @ mids[j] / tot)
+            scale[j] = np.sqrt(max(float(mass[j] @ (mids[j] - mean) ** 2) / tot, 0.0))
+    # at least a quarter bin (a bin's own spread is w / sqrt(12)): coarse bins when rows are few
+    scale = np.maximum(scale, 0.25 * w)
+    scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
+    return Located(centre, scale, (box.lo - centre) / scale, (box.hi - centre) / scale)
+
+
+def _threshold(pub, bins: int) -> float:
+    return threshold_z(pub.n_features, bins, LOCATE["false_rate"]) * pub.locate_sd
+
+
+def bins_of(pub, first: bool) -> int:
+    return round_bins(pub.n_samples, pub.n_features, pub.locate_sd, first)
+
+
+def first_window(pub) -> Window:
+    """The bound's per-feature interval in its frame (a box: ``[-1, 1]``; a ball of radius
+    ``sqrt(d)``: ``[-sqrt(d), sqrt(d)]``)."""
+    lo, hi = pub.bound_window
+    return Window(np.asarray(lo, dtype=float), np.asarray(hi, dtype=float))
+
+
+def second_window(pub, output: dict) -> Window:
+    """The occupied interval found by the first round (post-processing)."""
+    b = bins_of(pub, True)
+    return occupied(np.asarray(output["locate_1"], dtype=float), first_window(pub),
+                    _threshold(pub, b), pub.n_samples)
+
+
+def located_frame(pub, output: dict) -> Located:
+    """The located frame from both rounds (post-processing); the bound's own frame, scaled to
+    a standard deviation of a quarter of its width, when the stage was skipped."""
+    if "locate_2" not in output:
+        return _quartered(first_window(pub))
+    b = bins_of(pub, False)
+    return located_from(np.asarray(output["locate_2"], dtype=float), second_window(pub, output),
+                        _threshold(pub, b), pub.n_samples)
+
+
+def _quartered(w: Window) -> Located:
+    """A window taken as the data's frame: centred, a standard deviation a quarter of it."""
+    centre = 0.5 * (w.lo + w.hi)
+    scale = 0.25 * (w.hi - w.lo)
+    scale = np.where(scale > 0, scale, 1.0)
+    return Located(centre, scale, (w.lo - centre) / scale, (w.hi - centre) / scale)

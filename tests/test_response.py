@@ -1,0 +1,245 @@
+"""Randomized response on labels: the baseline ``randomized-response`` and kl-certified's
+response design (label flip)."""
+
+import warnings
+
+import numpy as np
+import pytest
+from conftest import synthetic_gmm_data
+
+import klrelease as kr
+from klrelease.privacy.response import (
+    ReportedMoments,
+    debiased_moments,
+    respond,
+    response_dp_event,
+    response_logpmf,
+    response_probabilities,
+)
+
+
+def test_probabilities_sum_to_one_and_do_not_overflow():
+    for eps in (1e-9, 0.5, 5.0, 50.0, 1e4):
+        for K in (2, 3, 7):
+            p, q = response_probabilities(eps, K)
+            assert p + (K - 1) * q == pytest.approx(1.0)
+            assert 0 <= q <= p <= 1
+            from klrelease.privacy.response import EPS_MAX
+
+            assert p / q == pytest.approx(np.exp(min(eps, EPS_MAX)), rel=1e-9)
+
+
+def test_every_output_ratio_is_at_most_e_eps_over_label_flips():
+    """The exact privacy loss of the reported labels over every single-label change."""
+    rng = np.random.default_rng(0)
+    K, eps = 4, 1.3
+    codes = rng.integers(0, K, 12)
+    worst = 0.0
+    for _ in range(200):
+        z = respond(codes, K, eps, rng)
+        n = int(rng.integers(codes.size))
+        for b in range(K):
+            other = codes.copy()
+            other[n] = b
+            loss = response_logpmf(z, codes, K, eps) - response_logpmf(z, other, K, eps)
+            worst = max(worst, abs(loss))
+    assert worst <= eps + 1e-12
+    assert worst == pytest.approx(eps)  # attained: the bound is tight
+
+
+def test_debiased_moments_are_unbiased_and_add_up_to_the_public_totals():
+    rng = np.random.default_rng(1)
+    K, eps = 3, 1.0
+    T = rng.normal(size=(300, 2)) + np.repeat(np.arange(3), 100)[:, None]
+    codes = np.repeat(np.arange(3), 100)
+    true_S1 = np.stack([T[codes == k].sum(0) for k in range(K)])
+    acc = np.zeros_like(true_S1)
+    reps = 3000
+    for _ in range(reps):
+        n, S1, S2, _ = debiased_moments(ReportedMoments.of(T, respond(codes, K, eps, rng), K),
+                                        K, eps)
+        np.testing.assert_allclose(S1.sum(0), T.sum(0), atol=1e-9)
+        np.testing.assert_allclose(n.sum(), T.shape[0], atol=1e-9)
+        acc += S1
+    # the Monte Carlo mean is within 5 standard errors of the truth
+    assert np.max(np.abs(acc / reps - true_S1)) < 5 * 60 / np.sqrt(reps)
+
+
+def test_reported_moments_merge_by_addition_and_energy_matches_its_definition():
+    rng = np.random.default_rng(2)
+    T = rng.normal(size=(200, 3)) + 1
+    z = rng.integers(0, 3, 200)
+    whole = ReportedMoments.of(T, z, 3)
+    parts = ReportedMoments.of(T[:70], z[:70], 3) + ReportedMoments.of(T[70:], z[70:], 3)
+    for a in ReportedMoments.__slots__:
+        np.testing.assert_allclose(getattr(whole, a), getattr(parts, a))
+    c = rng.normal(size=(3, 3))
+    p, q = response_probabilities(2.0, 3)
+    energy = debiased_moments(whole, 3, 2.0)[3](c)
+    for k in range(3):
+        v = np.where(z == k, p * (1 - p), q * (1 - q)) / (p - q) ** 2
+        assert energy[k] == pytest.approx(np.sum(v * np.sum((T - c[k]) ** 2, 1) ** 2))
+
+
+def test_dp_event_is_pure_epsilon_in_dp_accounting():
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    acc = PLDAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(response_dp_event(1.5, 3))
+    assert acc.get_delta(1.5) <= 1e-12
+    assert acc.get_delta(1.0) > 0
+
+
+@pytest.mark.parametrize("mechanism,options", [("randomized-response", {}),
+                                               ("kl-certified", {"design": "response"})])
+def test_response_releases_are_certified_and_audited(mechanism, options):
+    X, y = synthetic_gmm_data(N=60, K=3, d=2, seed=4)
+    rel = kr.release(X, y, epsilon=1.0, delta=1e-5, classes=[0, 1, 2], mechanism=mechanism,
+                     **options)
+    assert rel.privacy.certified and rel.privacy.neighbouring.value == "label-flip"
+    assert "randomized response" in rel.privacy.statement
+    data = kr.as_labelled_data(X, y, classes=[0, 1, 2], min_class_size=0)
+    r = kr.audit(mechanism, data, None, epsilon=1.0, delta=1e-5, n_samples=400, max_pairs=4,
+                 seed=0, **options)
+    assert r.certified_claim and not r.violation, r.summary()
+
+
+def test_response_design_refuses_replace_one():
+    X, y = synthetic_gmm_data(N=60, K=3, d=2, seed=4)
+    with pytest.raises(ValueError, match="label-flip"):
+        kr.plan(X, y, epsilon=1, delta=1e-5, classes=[0, 1, 2], design="response",
+                adjacency="replace-one", bounds=(-20, 20))
+
+
+def test_undeclared_classes_warn_and_are_not_certified():
+    X, y = synthetic_gmm_data(N=60, K=3, d=2, seed=4)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        rel = kr.release(X, y, epsilon=1.0, delta=1e-5, mechanism="randomized-response",
+                         seed=0)
+    assert not rel.privacy.certified
+
+
+def test_streamed_response_matches_the_law_in_memory():
+    """From a chunked source the reported moments have the in-memory law (same means over
+    many draws) and the release is a valid model."""
+    from klrelease.stream import ArraySource
+
+    X, y = synthetic_gmm_data(N=400, K=3, d=2, seed=6)
+    src = ArraySource(X, y, classes=[0, 1, 2], chunk_rows=97)
+    p = kr.plan(src, None, epsilon=2.0, delta=1e-5, mechanism="randomized-response")
+    q = kr.plan(X, y, epsilon=2.0, delta=1e-5, classes=[0, 1, 2],
+                mechanism="randomized-response")
+    rng = np.random.default_rng(0)
+    a = np.mean([p.moments(p.sample(rng)).counts for _ in range(200)], axis=0)
+    b = np.mean([q.moments(q.sample(rng)).counts for _ in range(200)], axis=0)
+    np.testing.assert_allclose(a, b, atol=3.0)
+    g = p.draw(rng)
+    assert np.all(np.linalg.eigvalsh(g.covariances) > 0)
+
+
+def test_response_design_beats_plain_response_with_common_noise():
+    """The same reported labels, post-processed by kl-certified's estimate and by the plain
+    baseline: the design's shrinkage lowers the mean KL (iris, eps = 2)."""
+    iris = kr.load_dataset("iris")
+    fit = kr.fit_gmm(iris.X, iris.codes)
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, iris.classes)
+    p = kr.plan(iris, None, epsilon=2.0, delta=1e-5, design="response")
+    q = kr.plan(iris, None, epsilon=2.0, delta=1e-5, mechanism="randomized-response")
+    rng = np.random.default_rng(3)
+    outs = [p.sample(rng) for _ in range(60)]
+    a = np.mean([kr.kl_divergence(p.finalize(o), ref) for o in outs])
+    b = np.mean([kr.kl_divergence(q.finalize(o), ref) for o in outs])
+    assert a < 0.7 * b, (a, b)
+
+
+def test_budget_accountant_composes_response_and_gaussian_exactly():
+    """Randomized-response and Gaussian claims compose by their exact privacy-loss
+    distributions; the delta equals dp_accounting's PLD (REPLACE_ONE: one label changed, a
+    Gaussian of whitened sensitivity mu is GaussianDpEvent(2 / mu) there)."""
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    from klrelease.privacy.guarantee import (
+        BudgetAccountant,
+        GaussianCurve,
+        Guarantee,
+        PureCurve,
+        _composed_delta,
+    )
+
+    def rr(eps, K):
+        return Guarantee(eps, 0.0, "label-flip", True, "", curve=PureCurve(
+            eps, response_dp_event(eps, K)))
+
+    gauss = Guarantee(1.0, 1e-5, "label-flip", True, "", curve=GaussianCurve(0.8))
+    pld = PLDAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE,
+                        value_discretization_interval=1e-5)
+    pld.compose(response_dp_event(1.0, 3))
+    pld.compose(response_dp_event(2.0, 2))
+    pld.compose(dp_accounting.GaussianDpEvent(2 / 0.8))
+    exact = _composed_delta([rr(1.0, 3), rr(2.0, 2), gauss], 3.5)
+    assert exact == pytest.approx(pld.get_delta(3.5), rel=1e-4)
+    # two releases at eps 1 (pure) fit a budget of (2, 0); a third does not
+    acc = BudgetAccountant(2.0, 0.0)
+    acc.spend(rr(1.0, 3))
+    acc.spend(rr(1.0, 3))
+    with pytest.raises(kr.BudgetExceeded):
+        acc.spend(rr(1.0, 3))
+
+
+def test_a_source_failing_while_the_labels_are_drawn_still_releases():
+    """The response design reads a chunked source in one pass while it draws the labels: if
+    the source fails in that pass the release does not fail (a re-run would spend the budget
+    again); it is the model of the public features alone, and says so."""
+    from klrelease.stream import ArraySource
+
+    X, y = synthetic_gmm_data(N=600, K=3, d=2, seed=6)
+
+    class Flaky(ArraySource):
+        passes = 0
+
+        def chunks(self):
+            type(self).passes += 1
+            for i, chunk in enumerate(super().chunks()):
+                if type(self).passes > 1 and i == 2:
+                    raise OSError("disk gone")
+                yield chunk
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = kr.release(Flaky(X, y, classes=[0, 1, 2], chunk_rows=100), None, epsilon=5.0,
+                       delta=1e-6, design="response", seed=2)
+    assert "public features alone" in r.options["fallback"]
+    assert r.gmm.weights.shape == (3,) and np.all(np.isfinite(r.gmm.means))
+
+
+def test_large_epsilon_still_randomises_and_never_rounds_the_ratio_up():
+    """Above EPS_MAX the labels are randomised at EPS_MAX (more private, so the claim holds);
+    the chance of a change is computed directly, not as 1 - p (which rounds to 0 past eps of
+    about 37), and the sampler rounds it up."""
+    from klrelease.privacy.response import EPS_MAX
+
+    p, q = response_probabilities(1000.0, 3)
+    assert q > 0 and (p, q) == response_probabilities(EPS_MAX, 3)
+    rng = np.random.default_rng(0)
+    codes = np.zeros(2_000_000, dtype=np.int64)
+    changed = np.count_nonzero(respond(codes, 3, 8.0, rng))
+    expected = codes.size * 2 * response_probabilities(8.0, 3)[1]
+    assert abs(changed - expected) < 5 * np.sqrt(expected)
+
+
+def test_a_streamed_label_outside_the_classes_fails_before_any_noise():
+    from klrelease.privacy.guarantee import BudgetAccountant
+    from klrelease.stream import ArraySource
+
+    X, y = synthetic_gmm_data(N=100, K=2, d=2, seed=1)
+    y = y.copy()
+    y[5] = 7
+    for mech, opts in (("kl-certified", {"design": "response"}), ("randomized-response", {})):
+        acc = BudgetAccountant(10.0, 0.5)
+        with pytest.raises(ValueError, match="declared classes"):
+            kr.release(ArraySource(X, y, classes=[0, 1], chunk_rows=30), None, epsilon=2.0,
+                       delta=1e-5, mechanism=mech, accountant=acc, **opts)
+        assert len(acc.spent) == 0
