@@ -37,15 +37,13 @@ from pydantic import (
     model_validator,
 )
 
-from ._version import __version__
+from ._version import SCHEMA_VERSION, __version__
 from .gmm import GMM, check_gmm
 from .neighbours import Adjacency
 
 __all__ = ["Release", "FailDocument", "LearnerRelease", "PrivacyBlock", "LearnerPrivacyBlock",
            "SolverBlock", "RandomnessBlock", "SignatureBlock", "SCHEMA_VERSION", "read_document",
-           "load_model"]
-
-SCHEMA_VERSION = "2.0"
+           "load_model", "learner_document"]
 
 
 def _gmm_from_any(value: Any) -> GMM:
@@ -384,6 +382,13 @@ def _check_learner_claim(doc, kind: str) -> None:
             or tot.get("delta", 0.0) > rec[1] * (1 + 1e-9)):
         raise ValueError(f"tampered privacy claim: the {kind}'s ledger total exceeds its "
                          "budget")
+
+
+def learner_document(result) -> LearnerRelease | FailDocument:
+    """A learner's result (:class:`klrelease.learners.LearnResult`) as its validated
+    document."""
+    doc = result.to_dict()
+    return (FailDocument if result.failed else LearnerRelease).model_validate(doc)
 
 
 def load_model(path, *, public_key=None) -> Release | LearnerRelease:

@@ -9,7 +9,13 @@ import warnings
 import numpy as np
 import pytest
 
-from klrelease.artifact import FailDocument, LearnerRelease, load_model, read_document
+from klrelease.artifact import (
+    FailDocument,
+    LearnerRelease,
+    learner_document,
+    load_model,
+    read_document,
+)
 from klrelease.cli import main
 from klrelease.learners import learn, learners
 
@@ -38,6 +44,8 @@ def test_a_learned_model_is_an_artifact_with_schema_names_options_seed(tmp_path)
     path.write_text(res.to_json())
     back = load_model(path)
     assert isinstance(back, LearnerRelease) and back.learner == "dp-em"
+    # validated when written, the same when read
+    assert learner_document(res).model_dump_json() == back.model_dump_json()
     np.testing.assert_allclose(back.gmm.means, res.gmm.means)
     # pandas columns are the feature names when none are given
     pd = pytest.importorskip("pandas")

@@ -150,7 +150,9 @@ def learn_command(
     else:
         res = learn(X, components, epsilon=epsilon, delta=delta, learner=learner, seed=seed,
                     feature_names=names, **options)
-    _write_atomic(out, res.to_json() + "\n", force)
+    from ..artifact import learner_document
+
+    _write_atomic(out, learner_document(res).model_dump_json(indent=2) + "\n", force)
     if res.failed:
         err_console.print(f"FAIL at stage {res.stage}: {res.reason}")
         err_console.print(f"result written to {out}")

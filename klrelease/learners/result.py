@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._version import SCHEMA_VERSION, __version__
 from ..gmm import GMM
 from ..mechanisms.base import Guarantee
 from ..privacy.tape import plain
@@ -74,11 +75,9 @@ class LearnResult:
         return not self.failed
 
     def to_dict(self) -> dict[str, Any]:
-        """The result as an artifact (JSON-ready): a :class:`~klrelease.artifact.
-        LearnerRelease` document, or a :class:`~klrelease.artifact.FailDocument` for FAIL."""
-        from .._version import __version__
-        from ..artifact import SCHEMA_VERSION
-
+        """The result as an artifact (JSON-ready): the fields of a
+        :class:`~klrelease.artifact.LearnerRelease`, or of a
+        :class:`~klrelease.artifact.FailDocument` for FAIL."""
         g = self.guarantee
         d = None if self.gmm is None else self.gmm.n_features
         names = list(self.feature_names) or ([f"x{i}" for i in range(d)] if d else [])
@@ -114,19 +113,10 @@ class LearnResult:
             }
         return out
 
-    def artifact(self):
-        """The validated document (``LearnerRelease`` or ``FailDocument``)."""
-        from ..artifact import FailDocument, LearnerRelease
-
-        doc = self.to_dict()
-        if self.failed:
-            return FailDocument.model_validate(doc)
-        return LearnerRelease.model_validate(doc)
-
     def to_json(self, *, indent: int | None = 2) -> str:
-        """The artifact as JSON (validated: ``klrelease inspect``, ``sample`` and ``plot``
-        read it)."""
-        return self.artifact().model_dump_json(indent=indent)
+        """The artifact as JSON (``klrelease.artifact.learner_document`` validates it;
+        ``klrelease inspect``, ``sample`` and ``plot`` read it)."""
+        return json.dumps(self.to_dict(), indent=indent)
 
 
 class MechanismFailed(Exception):
