@@ -37,14 +37,13 @@ from pydantic import (
     model_validator,
 )
 
-from ._version import __version__
+from ._version import SCHEMA_VERSION, __version__
 from .gmm import GMM, check_gmm
 from .neighbours import Adjacency
 
-__all__ = ["Release", "FailDocument", "PrivacyBlock", "SolverBlock", "RandomnessBlock",
-           "SignatureBlock", "SCHEMA_VERSION", "read_document"]
-
-SCHEMA_VERSION = "2.0"
+__all__ = ["Release", "FailDocument", "LearnerRelease", "PrivacyBlock", "LearnerPrivacyBlock",
+           "SolverBlock", "RandomnessBlock", "SignatureBlock", "SCHEMA_VERSION", "read_document",
+           "load_model", "learner_document"]
 
 
 def _gmm_from_any(value: Any) -> GMM:
@@ -113,6 +112,12 @@ class PrivacyBlock(BaseModel):
     accounting: str = ""
 
 
+class LearnerPrivacyBlock(PrivacyBlock):
+    """The privacy claim of an unlabelled-data learner: with the accountant of its ledger."""
+
+    accountant: str | None = None
+
+
 class SolverBlock(BaseModel):
     """Which SDP backend designed the noise, and how it ended."""
 
@@ -166,13 +171,7 @@ class Release(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Release:
-
-        d = self.gmm.n_features
-        if self.feature_names and len(self.feature_names) != d:
-            raise ValueError(f"feature_names has {len(self.feature_names)} names for {d} "
-                             "features")
-        if self.randomness.secure and self.randomness.seed is not None:
-            raise ValueError("randomness: a secure release has no seed")
+        _check_names_and_seed(self)
         _check_claim(self, "artifact")
         return self
 
@@ -252,7 +251,7 @@ class FailDocument(BaseModel):
     stage: str | None = None
     reason: str = ""
     feature_names: list[str] = Field(default_factory=list)
-    privacy: PrivacyBlock
+    privacy: PrivacyBlock | LearnerPrivacyBlock
     options: dict[str, Any] = Field(default_factory=dict)
     settings: dict[str, Any] = Field(default_factory=dict)
     diagnostics: dict[str, Any] = Field(default_factory=dict)
@@ -266,8 +265,7 @@ class FailDocument(BaseModel):
         if self.randomness.secure and self.randomness.seed is not None:
             raise ValueError("randomness: a secure run has no seed")
         if self.learner is not None:
-            if self.privacy.certified and not self.randomness.secure:
-                raise ValueError("tampered privacy claim: a seeded run is never certified")
+            _check_learner_claim(self, "document")
             return self
 
         if self.schema_version is None or (self.schema_version.split(".")[0]
@@ -284,9 +282,127 @@ class FailDocument(BaseModel):
                 else f"learner {self.learner}")
 
 
-def read_document(path, *, public_key=None) -> Release | FailDocument:
-    """Read a release artifact or a FAIL document from ``path`` (validated; its signature
-    checked with ``public_key``, if given).
+class LearnerRelease(BaseModel):
+    """A GMM released by a learner for unlabelled data (:func:`klrelease.learners.learn`).
+
+    The counterpart of :class:`Release` for learners: schema and library versions, the learner,
+    the released GMM (components labelled ``0..k-1``), feature names, the privacy claim, the
+    learner's public options, its public diagnostics (the worst-path ledger, released noisy
+    values) and how the noise was drawn. The certified flag is recomputed from the learner and
+    the randomness, and (epsilon, delta) must be the budget its ledger records. Documents
+    written before the schema was added (no ``schema_version``) still load.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="forbid")
+
+    schema_version: str | None = None  # None: written before the schema (still read)
+    library_version: str | None = None
+    python_version: str | None = None
+    learner: str
+    status: str = Field(default="ok", pattern="^ok$")
+    stage: None = None
+    reason: str = ""
+    gmm: GMMField
+    feature_names: list[str] = Field(default_factory=list)
+    privacy: LearnerPrivacyBlock
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="the learner's public options")
+    diagnostics: dict[str, Any] = Field(default_factory=dict)
+    randomness: RandomnessBlock
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LearnerRelease:
+        if self.schema_version is not None and (self.schema_version.split(".")[0]
+                                                != SCHEMA_VERSION.split(".")[0]):
+            raise ValueError(f"artifact schema {self.schema_version!r} is not readable by "
+                             f"this version (schema {SCHEMA_VERSION})")
+        _check_names_and_seed(self)
+        _check_learner_claim(self, "artifact")
+        return self
+
+    @property
+    def source(self) -> str:
+        return f"learner {self.learner}"
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        return self.model_dump_json(indent=indent)
+
+    def summary(self) -> str:
+        p = self.privacy
+        g = self.gmm
+        return (f"{self.learner}: K={g.n_components} components, d={g.n_features} features, "
+                f"epsilon={p.epsilon:g}, delta={p.delta:g}, {p.neighbouring.value} adjacency, "
+                f"{'certified' if p.certified else 'NOT certified'}")
+
+
+def _check_names_and_seed(doc) -> None:
+    """One feature name per feature; a secure document has no seed."""
+    d = doc.gmm.n_features
+    if doc.feature_names and len(doc.feature_names) != d:
+        raise ValueError(f"feature_names has {len(doc.feature_names)} names for {d} features")
+    if doc.randomness.secure and doc.randomness.seed is not None:
+        raise ValueError("randomness: a secure release has no seed")
+
+
+def _recorded_budget(diagnostics: dict) -> tuple[float, float] | None:
+    """The (epsilon, delta) a learner's public diagnostics record as its request."""
+    req = (diagnostics.get("ledger") or {}).get("requested")
+    if isinstance(req, dict) and {"epsilon", "delta"} <= set(req):
+        return float(req["epsilon"]), float(req["delta"])
+    if {"epsilon_total", "delta_total"} <= set(diagnostics):  # the PPE learners
+        return float(diagnostics["epsilon_total"]), float(diagnostics["delta_total"])
+    return None
+
+
+def _check_learner_claim(doc, kind: str) -> None:
+    """A learner document's certified flag is that of a registered learner with secure noise;
+    its (epsilon, delta) is the budget its ledger records, and the ledger's worst-path total
+    stays within it."""
+    from .learners import learners as registered
+    from .learners.result import resolve_name
+
+    name = resolve_name(doc.learner)
+    expected = doc.randomness.secure and name in registered()
+    if doc.privacy.certified != expected:
+        raise ValueError(
+            f"tampered privacy claim: the {kind} says certified={doc.privacy.certified}, but "
+            f"learner {doc.learner} with {'secure' if doc.randomness.secure else 'seeded'} "
+            f"noise is {'certified' if expected else 'NOT certified'}")
+    if doc.privacy.neighbouring != Adjacency.REPLACE_ONE:
+        raise ValueError("privacy: the learners' neighbouring relation is replace-one")
+    rec = _recorded_budget(doc.diagnostics)
+    if rec is not None and not (np.isclose(rec[0], doc.privacy.epsilon, rtol=1e-12, atol=0)
+                                and np.isclose(rec[1], doc.privacy.delta, rtol=1e-12, atol=0)):
+        raise ValueError(f"tampered privacy claim: the {kind} claims ({doc.privacy.epsilon:g}, "
+                         f"{doc.privacy.delta:g}) but its ledger records ({rec[0]:g}, "
+                         f"{rec[1]:g})")
+    tot = (doc.diagnostics.get("ledger") or {}).get("worst_path_total")
+    if isinstance(tot, dict) and rec is not None and (
+            tot.get("epsilon", 0.0) > rec[0] * (1 + 1e-9)
+            or tot.get("delta", 0.0) > rec[1] * (1 + 1e-9)):
+        raise ValueError(f"tampered privacy claim: the {kind}'s ledger total exceeds its "
+                         "budget")
+
+
+def learner_document(result) -> LearnerRelease | FailDocument:
+    """A learner's result (:class:`klrelease.learners.LearnResult`) as its validated
+    document."""
+    doc = result.to_dict()
+    return (FailDocument if result.failed else LearnerRelease).model_validate(doc)
+
+
+def load_model(path, *, public_key=None) -> Release | LearnerRelease:
+    """A document that holds a released GMM (a release or a learner's), validated; a FAIL
+    document raises ``ValueError`` (it has no model)."""
+    doc = read_document(path, public_key=public_key)
+    if isinstance(doc, FailDocument):
+        raise ValueError(f"{path} is a FAIL document from {doc.source}: it holds no model")
+    return doc
+
+
+def read_document(path, *, public_key=None) -> Release | LearnerRelease | FailDocument:
+    """Read a release artifact, a learner's artifact or a FAIL document from ``path``
+    (validated; its signature checked with ``public_key``, if given).
 
     Raises
     ------
@@ -304,6 +420,11 @@ def read_document(path, *, public_key=None) -> Release | FailDocument:
         raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
     doc = _parse(text, public_key)
     if not (isinstance(doc, dict) and doc.get("status") == "FAIL"):
+        if isinstance(doc, dict) and "learner" in doc:
+            try:
+                return LearnerRelease.model_validate(doc)
+            except ValidationError as exc:
+                raise ValueError(_invalid("learner artifact", exc)) from None
         return Release.from_json(text)
     try:
         return FailDocument.model_validate(doc)

@@ -23,10 +23,12 @@ def iris():
 #: Public bounds in the data's units for the learners that need them (required options), at
 #: values that suit the unit-scale test mixtures.
 LEARNER_SCALES = {
-    "kamath-pgme": {"R": 10.0, "sigma_min": 0.1, "sigma_max": 3.0},
+    "kamath-pgme-lite": {"R": 10.0, "sigma_min": 0.1, "sigma_max": 3.0},
     "kamath-sa-lite": {"R": 10.0, "sigma_min": 0.1, "sigma_max": 3.0},
     "kamath-pegme": {"sigma_min": 0.5},
     "afzali-style-sample-aggregate": {"sigma_max": 3.0},
+    "dp-em": {"R": 10.0, "sigma_max": 3.0},
+    "park-dp-em": {"R": 10.0, "sigma_max": 3.0},
 }
 
 

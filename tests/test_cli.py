@@ -165,7 +165,7 @@ def test_learn_takes_the_learners_public_bounds_as_params(tmp_path, capsys):
     a bad value or a bad scale is refused (exit 2) before the data is read."""
     absent = str(tmp_path / "absent.csv")
     base = ["learn", "--csv", absent, "--components", "2", "--epsilon", "1", "--delta", "1e-6",
-            "--learner", "kamath-pgme", "--out", str(tmp_path / "r.json")]
+            "--learner", "kamath-pgme-lite", "--out", str(tmp_path / "r.json")]
     bounds = ["--param", "R=10", "--param", "sigma_min=0.1", "--param", "sigma_max=3"]
     for extra, words in (([], "needs the public parameters R, sigma_min, sigma_max"),
                          (bounds + ["--param", "sigma_mx=2"], "no option 'sigma_mx'"),
@@ -183,4 +183,4 @@ def test_learn_takes_the_learners_public_bounds_as_params(tmp_path, capsys):
     code = main([*base[:2], str(path), *base[3:], *bounds, "--param", "mult=3", "--seed", "1"])
     assert code in (0, 3)  # a model or a FAIL: either is the learner's output
     res = json.loads((tmp_path / "r.json").read_text())
-    assert res["learner"] == "kamath-pgme"
+    assert res["learner"] == "kamath-pgme-lite"

@@ -47,7 +47,7 @@ def test_inspect_a_learn_fail_document(tmp_path, capsys):
     assert main(["inspect", str(out)]) == 0
     shown = capsys.readouterr().out
     assert "FAIL from learner ppe-gaussian-oneshot" in shown
-    assert "stage: popularity test" in shown and doc["reason"][:40] in shown
+    assert "stage: preflight" in shown and doc["reason"][:40] in shown
     assert "NOT certified" in shown and "randomness: seeded" in shown
     doc["privacy"]["certified"] = True  # a seeded run never carries a guarantee
     out.write_text(json.dumps(doc))

@@ -24,7 +24,7 @@ from klrelease.privacy.ledger import (
 )
 from klrelease.privacy.toolbox import gauss_sigma
 
-NAMES = ("kamath-pgme", "kamath-pegme", "kamath-sa-lite", "afzali-style-sample-aggregate")
+NAMES = ("kamath-pgme-lite", "kamath-pegme", "kamath-sa-lite", "afzali-style-sample-aggregate")
 
 
 def _ledgers(k, d, eps, delta, accountant):
@@ -104,8 +104,7 @@ def test_pgme_node_total_is_the_same_with_and_without_pca(with_pca):
 
 
 def test_auto_picks_zcdp_when_many_pieces_compose():
-    # PGME at k = 2 has one node on the worst path; at k >= 3 zCDP gives larger pieces
-    assert pgme_ledger(2, 5, 1.0, 1e-6, "auto")[0].accountant == "basic"
+    # PGME-lite at k = 5 has 7 nodes and 2 leaves on the worst path: zCDP gives larger pieces
     assert pgme_ledger(5, 5, 1.0, 1e-6, "auto")[0].accountant == "zcdp"
     for k in (2, 3, 5):
         for d in (2, 10):
@@ -137,7 +136,7 @@ def test_pgme_recovers_under_zcdp():
     rng = np.random.default_rng(14)
     means = np.array([[25.0, 0.0], [-25.0, 0.0]])
     X = means[rng.integers(0, 2, 12000)] + rng.normal(size=(12000, 2))
-    res = learn(X, 2, epsilon=4.0, delta=1e-6, learner="kamath-pgme", seed=2, R=26.0,
+    res = learn(X, 2, epsilon=4.0, delta=1e-6, learner="kamath-pgme-lite", seed=2, R=26.0,
                 sigma_min=0.5, sigma_max=2.0, accountant="zcdp")
     assert res.diagnostics["ledger"]["accountant"] == "zcdp"
     assert res.ok, res.reason
@@ -164,7 +163,7 @@ def test_learn_command_accountant_option(tmp_path):
     out = tmp_path / "r.json"
     args = ["learn", "--csv", str(path), "--components", "2", "--epsilon", "1", "--delta",
             "1e-6", "--out", str(out), "--seed", "0", "--param", "R=10", "--param", "sigma_min=0.1",
-            "--param", "sigma_max=3", "--learner", "kamath-pgme"]
+            "--param", "sigma_max=3", "--learner", "kamath-pgme-lite"]
     assert main(args + ["--accountant", "zcdp"]) == 3  # FAIL at preflight: n is too small
     res = json.loads(out.read_text())
     assert res["privacy"]["accountant"] == "zcdp"

@@ -20,8 +20,8 @@ from klrelease.privacy.toolbox import laplace_count, noisy_sum_count
 # (learner, k, n, d, separation, options): released models, and one FAIL after a split
 # (PGME, k = 3)
 CASES = [
-    ("kamath-pgme", 2, 6000, 2, 25.0, {"R": 26.0, "sigma_min": 0.5, "sigma_max": 2.0}),
-    ("kamath-pgme", 3, 8000, 3, 25.0, {"R": 26.0, "sigma_min": 0.5, "sigma_max": 2.0}),
+    ("kamath-pgme-lite", 2, 6000, 2, 25.0, {"R": 26.0, "sigma_min": 0.5, "sigma_max": 2.0}),
+    ("kamath-pgme-lite", 3, 8000, 3, 25.0, {"R": 26.0, "sigma_min": 0.5, "sigma_max": 2.0}),
     ("kamath-pegme", 2, 8000, 2, 8.0, {"sigma_min": 1.0, "kappa": 2.0, "inflate": 1.5}),
     ("kamath-pegme", 2, 6000, 3, 8.0, {"sigma_min": 1.0, "kappa": 2.0, "inflate": 1.5}),
     ("kamath-sa-lite", 2, 30000, 2, 6.0, {"R": 7.0, "sigma_min": 0.5, "sigma_max": 2.0,
@@ -29,10 +29,14 @@ CASES = [
     ("afzali-style-sample-aggregate", 2, 12000, 2, 6.0, {"sigma_max": 3.0, "w_mu": 2.0,
                                                          "r_init": 1}),
     # the zCDP accountant changes the budgets only, not the hygiene
-    ("kamath-pgme", 3, 8000, 3, 25.0, {"R": 26.0, "sigma_min": 0.5, "sigma_max": 2.0,
+    ("kamath-pgme-lite", 3, 8000, 3, 25.0, {"R": 26.0, "sigma_min": 0.5, "sigma_max": 2.0,
                                        "accountant": "zcdp"}),
     ("afzali-style-sample-aggregate", 2, 60000, 2, 6.0, {"sigma_max": 3.0, "w_mu": 2.0,
                                                          "r_init": 1, "accountant": "zcdp"}),
+    # dp-em: in d = 2 (histogram in a public rotation) and d = 5 (private PCA first)
+    ("dp-em", 2, 6000, 2, 25.0, {"R": 26.0, "sigma_max": 2.0}),
+    ("dp-em", 3, 8000, 5, 4.0, {"R": 5.0, "sigma_max": 2.0, "sigma_min": 0.5}),
+    ("park-dp-em", 2, 6000, 3, 8.0, {"R": 9.0, "sigma_max": 2.0}),
 ]
 
 

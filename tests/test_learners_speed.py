@@ -78,7 +78,7 @@ def test_pgme_same_release_on_both_paths(monkeypatch):
     rng = np.random.default_rng(33)
     means = np.array([[25.0, 0.0], [-25.0, 0.0]])
     X = means[rng.integers(0, 2, 6000)] + rng.normal(size=(6000, 2))
-    opts = dict(epsilon=4.0, delta=1e-6, learner="kamath-pgme", seed=3, R=26.0,
+    opts = dict(epsilon=4.0, delta=1e-6, learner="kamath-pgme-lite", seed=3, R=26.0,
                 sigma_min=0.5, sigma_max=2.0)
     a = learn(X, 2, **opts)
     monkeypatch.setattr(radius_mod, "TREE_MAX_DIM", 0)

@@ -43,9 +43,11 @@ def test_wheel_contents(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"klrelease", wheel.name.split("-py3")[0] + ".dist-info"}, tops
-    for doc in ("klrelease/mechanisms/kl_certified/kl_certified.md", "klrelease/audit/AUDIT.md"):
+    for doc in ("klrelease/mechanisms/kl_certified/kl_certified.md", "klrelease/audit/AUDIT.md",
+                "klrelease/learners/dpem/DPEM.md"):
         assert doc in names
     mds = list((ROOT / "klrelease" / "mechanisms").rglob("*.md"))
+    mds += list((ROOT / "klrelease" / "learners").rglob("*.md"))  # the learners' proofs
     assert len(mds) >= 2  # each mechanism's proof beside its code
     for md in mds:
         assert md.relative_to(ROOT).as_posix() in names

@@ -269,10 +269,13 @@ def test_learners_fail_at_small_n_with_public_reasons():
     X = rng.normal(size=(2000, 3)) * 7 + 100
     r = learn(X, 3, epsilon=1, delta=1e-6, learner="ppe-gmm", seed=0)
     assert r.failed and r.stage == "configuration" and "N=2000" in r.reason
-    X = rng.normal(size=(20000, 3)) * 7 + 100
+    X = rng.normal(size=(20000, 3)) * 271.8 + 3141.5
     r = learn(X, 1, epsilon=1, delta=1e-6, learner="ppe-gaussian-oneshot", seed=0)
-    assert r.failed and r.stage == "popularity test" and r.gmm is None
-    assert "100" not in r.reason and "7." not in r.reason  # no statistic of the data
+    # its public configuration predicts the FAIL: refused before any block is fitted
+    assert r.failed and r.stage == "preflight" and r.gmm is None
+    assert "N=20000" in r.reason and "no block was fitted" in r.reason
+    assert r.diagnostics["predicted_pass_n"] > 10 * 20000
+    assert "314" not in r.reason and "27" not in r.reason  # no statistic of the data
     doc = json.loads(r.to_json())
     assert doc["status"] == "FAIL" and doc["privacy"]["neighbouring"] == "replace-one"
     assert doc["privacy"]["certified"] is False  # seeded: an experiment
@@ -375,6 +378,28 @@ def test_release_command_exits_3_on_a_mechanism_fail(tmp_path, capsys):
     assert "FAIL at stage popularity test" in capsys.readouterr().err
 
 
+def test_popularity_test_fail_says_from_which_n_it_passes(monkeypatch):
+    """Above a tenth of the predicted N the blocks are fitted and the test runs; its FAIL
+    names that N. Below it, no block is fitted at all."""
+    from klrelease.learners.ppe import framework
+
+    fitted = []
+    real = framework.run_blocks
+    monkeypatch.setattr(framework, "run_blocks",
+                        lambda *a, **kw: fitted.append(1) or real(*a, **kw))
+    rng = np.random.default_rng(17)
+    X = rng.normal(size=(100000, 1))
+    r = learn(X, 1, epsilon=20, delta=1e-6, learner="ppe-gaussian-oneshot", seed=0, blocks=5)
+    pred = r.diagnostics["predicted_pass_n"]
+    assert fitted and 100000 < pred < 10 * 100000
+    assert r.failed and r.stage == "popularity test"
+    assert f"passes from about N={pred:.3g}" in r.reason
+    fitted.clear()
+    r = learn(X[:50000], 1, epsilon=20, delta=1e-6, learner="ppe-gaussian-oneshot", seed=0,
+              blocks=5)
+    assert r.stage == "preflight" and not fitted
+
+
 def test_learn_command_exit_codes(tmp_path):
     from klrelease.cli import main
 
@@ -385,7 +410,7 @@ def test_learn_command_exit_codes(tmp_path):
     args = ["learn", "--csv", str(path), "--components", "1", "--epsilon", "1", "--delta",
             "1e-6", "--out", str(out), "--seed", "0"]
     assert main(args + ["--learner", "ppe-gaussian-oneshot"]) == 3
-    assert json.loads(out.read_text())["stage"] == "popularity test"
+    assert json.loads(out.read_text())["stage"] == "preflight"
     assert main(args + ["--learner", "no-such-learner"]) == 2
     assert main(args + ["--learner", "ppe-gaussian-oneshot", "--columns", "zz"]) == 2
 

@@ -19,10 +19,16 @@ def test_learners_regimes_quick(tmp_path):
     rows = _rows(folder / "learners_regimes.csv")
     info = json.loads((folder / "learners_regimes.json").read_text())
     assert (folder / "learners_regimes.png").stat().st_size > 0
-    learners = {"kamath-pgme", "kamath-sa-lite", "afzali-style-sample-aggregate"}
+    learners = {"dp-em", "park-dp-em", "kamath-pgme-lite", "kamath-sa-lite",
+                "afzali-style-sample-aggregate"}
     unlabelled = [r for r in rows if r["kind"] == "unlabelled learner"]
     assert {r["learner"] for r in unlabelled} == learners
-    assert len(unlabelled) == 3 * info["cells"]
+    assert len(unlabelled) == 5 * info["cells"]
+    # dp-em never FAILs; the non-private k-means++ start is a row of the overlapping cell
+    assert all(r["status"] == "ok" for r in unlabelled if r["learner"] == "dp-em")
+    start = [r for r in rows if r["kind"] == "non-private"]
+    assert len(start) == 1 and start[0]["setting"] == "overlapping" and start[0]["kl"]
+    assert "Targets" in (folder / "learners_regimes_tables.md").read_text()
     for r in unlabelled:
         assert r["status"] in ("ok", "FAIL")
         assert (r["stage"] != "") == (r["status"] == "FAIL")  # a FAIL names its stage
@@ -51,5 +57,5 @@ def test_ppe_regimes_quick(tmp_path):
     assert all(r["status"] == "PASS" or r["status"].startswith("FAIL") for r in sim)
     real = _rows(folder / "ppe_regimes_real.csv")
     assert [r["status"] for r in real] == ["FAIL"] * len(real)
-    assert {r["stage"] for r in real} <= {"configuration", "popularity test"}
+    assert {r["stage"] for r in real} <= {"configuration", "preflight", "popularity test"}
     assert all(r["reason"] for r in real)

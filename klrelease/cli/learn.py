@@ -10,11 +10,13 @@ from __future__ import annotations
 import csv
 import inspect
 import typing
+import warnings
 from pathlib import Path
 from typing import Annotated
 
 import numpy as np
 import typer
+from rich.table import Table
 
 from .app import BadInput, Force, _write_atomic, app, check_output, err_console, out_console
 
@@ -107,10 +109,15 @@ def learn_command(
 ):
     """Learn a GMM privately from unlabelled rows; FAIL exits with status 3."""
     from ..learners import get_learner, learn
-    from ..learners.result import check_options
+    from ..learners.result import check_options, resolve_name
     from ..privacy.ledger import ACCOUNTANTS
 
-    fn = get_learner(learner)  # unknown names list the registered learners (exit 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FutureWarning)
+        fn = get_learner(learner)  # unknown names list the registered learners (exit 2)
+    for w in caught:  # a former name: one line, then the current name
+        err_console.print(f"[bold yellow]warning:[/] {w.message}", highlight=False)
+    learner = resolve_name(learner)
     options = parse_params(learner, fn, param or [])
     if accountant is not None:
         if "accountant" not in inspect.signature(fn).parameters:
@@ -123,12 +130,12 @@ def learn_command(
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     check_output(out, force)  # before the data is read: a result that cannot be written is not run
-    X, _ = read_unlabelled_csv(csv_path, columns)
+    X, names = read_unlabelled_csv(csv_path, columns)
     progress = inspect.signature(fn).parameters.get("progress")
     if progress is not None and typing.get_type_hints(fn).get("progress") is bool:
         # the learner draws its own bar over its long steps
         res = learn(X, components, epsilon=epsilon, delta=delta, learner=learner, seed=seed,
-                    progress=True, **options)
+                    feature_names=names, progress=True, **options)
     elif progress is not None:  # the learner calls back once per step
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -139,11 +146,13 @@ def learn_command(
         options["progress"] = lambda k=1: bar.advance(task, k)
         with bar:
             res = learn(X, components, epsilon=epsilon, delta=delta, learner=learner,
-                        seed=seed, **options)
+                        seed=seed, feature_names=names, **options)
     else:
         res = learn(X, components, epsilon=epsilon, delta=delta, learner=learner, seed=seed,
-                    **options)
-    _write_atomic(out, res.to_json() + "\n", force)
+                    feature_names=names, **options)
+    from ..artifact import learner_document
+
+    _write_atomic(out, learner_document(res).model_dump_json(indent=2) + "\n", force)
     if res.failed:
         err_console.print(f"FAIL at stage {res.stage}: {res.reason}")
         err_console.print(f"result written to {out}")
@@ -154,10 +163,33 @@ def learn_command(
 
 
 @app.command("learners")
-def list_learners():
-    """List the registered unlabelled-data learners."""
+def list_learners(
+    name: Annotated[str | None, typer.Argument(help="show this learner's options")] = None,
+):
+    """List the learners for unlabelled data, or one learner's options with types and
+    defaults."""
     from ..learners import get_learner, learners
+    from ..learners.result import describe_learner
 
-    for name in learners():
-        doc = (inspect.getdoc(get_learner(name)) or "").splitlines()
-        out_console.print(f"{name:20s} {doc[0] if doc else ''}")
+    if name is None:
+        for n in learners():
+            doc = (inspect.getdoc(get_learner(n)) or "").splitlines()
+            out_console.print(f"{n:30s} {doc[0] if doc else ''}", highlight=False)
+        return
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FutureWarning)
+            info = describe_learner(name)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    for w in caught:  # a former name: one line
+        err_console.print(f"[bold yellow]warning:[/] {w.message}", highlight=False)
+    out_console.print(f"[bold]{info['name']}[/]: {info['summary']}", highlight=False)
+    out_console.print(f"relation: {info['relation']} (certified with secure noise; a seeded "
+                      "run is an experiment); proof: " + info["proof"], highlight=False)
+    table = Table(title=f"options of {info['name']} (--param NAME=VALUE)")
+    for col in ("option", "type", "default", "meaning"):
+        table.add_column(col, overflow="fold")
+    for opt, kind, default, words in info["options"]:
+        table.add_row(opt, kind, default, words)
+    out_console.print(table)

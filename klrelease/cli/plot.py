@@ -14,7 +14,7 @@ __all__ = ["plot_command"]
 
 @app.command("plot")
 def plot_command(
-    artifact: Annotated[Path, typer.Argument(help="a release artifact (JSON)")],
+    artifact: Annotated[Path, typer.Argument(help="a release artifact or a learner's (JSON)")],
     out: Annotated[Path, typer.Option(help="PNG file to write")] = Path("release.png"),
     data: Annotated[Path | None, typer.Option(
         help="CSV of the data (header row): its per-class histograms are drawn too")] = None,
@@ -27,7 +27,7 @@ def plot_command(
     """Plot the per-class marginal density of every feature of a release."""
     import matplotlib.pyplot as plt
 
-    from ..artifact import Release
+    from ..artifact import load_model
     from ..data import load_csv
     from ..plot import marginals
 
@@ -38,7 +38,7 @@ def plot_command(
         raise BadInput(f"--bins must be >= 1, got {bins}")
     if (data is None) != (label_column is None):
         raise BadInput("give --data and --label-column together")
-    rel = Release.load(artifact)
+    rel = load_model(artifact)
     pair = None
     if data is not None:
         X, y, names = load_csv(data, label_column)
@@ -49,7 +49,8 @@ def plot_command(
         pair = (X, y)
     feats = None if features is None else [f.strip() for f in features.split(",")]
     fig = marginals(rel, pair, features=feats, bins=bins,
-                    title=f"{rel.mechanism} release, epsilon={rel.privacy.epsilon:g}, "
+                    title=f"{getattr(rel, 'learner', None) or rel.mechanism} release, "
+                          f"epsilon={rel.privacy.epsilon:g}, "
                           f"{'certified' if rel.privacy.certified else 'NOT certified'}")
     with atomic_output(out, "wb", force=force) as fh:
         fig.savefig(fh, format="png", dpi=110)

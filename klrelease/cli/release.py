@@ -158,7 +158,8 @@ def _dask_client(address: str | None):
 
 @app.command()
 def sample(
-    artifact: Annotated[Path, typer.Argument(help="a release artifact (JSON)")],
+    artifact: Annotated[Path, typer.Argument(
+        help="a release artifact or a learner's (JSON)")],
     n: Annotated[int, typer.Option("-n", "--n", help="number of rows")] = 1000,
     out: Annotated[Path, typer.Option(
         help="CSV file to write ('-': standard output)")] = Path("synthetic.csv"),
@@ -167,15 +168,16 @@ def sample(
 ):
     """Draw synthetic labelled rows from a released GMM (post-processing: no privacy cost).
 
+    Reads a release or a learner's artifact; the label of a learner's row is its component.
     Rows are drawn and written in blocks, so memory does not grow with -n.
     """
-    from ..artifact import Release
+    from ..artifact import load_model
     from ..rng import make_rng
 
     if n < 1:
         _fail(f"-n must be >= 1, got {n}")
     check_output(out, force, stdout=True)
-    rel = Release.load(artifact)
+    rel = load_model(artifact)
     rng = make_rng(seed).generator
     names = rel.feature_names or [f"x{i}" for i in range(rel.gmm.n_features)]
     with atomic_output(out, force=force, stdout=True) as fh:
@@ -193,14 +195,15 @@ def sample(
 
 @app.command()
 def inspect(
-    artifact: Annotated[Path, typer.Argument(help="a release artifact or a FAIL document (JSON)")],
+    artifact: Annotated[Path, typer.Argument(
+        help="a release artifact, a learner's artifact or a FAIL document (JSON)")],
     verify: Annotated[bool, typer.Option(
         help="check the artifact's signature (with --key); any edit fails")] = False,
     key: Annotated[str | None, typer.Option(
         help="the issuing service's public key: a PEM file, or the service's URL")] = None,
 ):
-    """Show a readable summary of a release artifact or a FAIL document (validated; the
-    claim is recomputed; with --verify --key, the signature checked first)."""
+    """Show a readable summary of a release artifact, a learner's artifact or a FAIL document
+    (validated; the claim is recomputed; with --verify --key, the signature checked first)."""
     from ..artifact import FailDocument, read_document
 
     public_key = None
@@ -232,12 +235,16 @@ def inspect(
         if rel.settings:
             out_console.print("settings: " + json.dumps(rel.settings))
         return
-    out_console.print(f"[bold]{rel.mechanism}[/] release  (klrelease {rel.library_version}, "
-                      f"schema {rel.schema_version})")
+    learner = getattr(rel, "learner", None)
+    what = "components" if learner else "classes"
+    out_console.print(f"[bold]{learner or rel.mechanism}[/] "
+                      f"{'learner artifact' if learner else 'release'}  (klrelease "
+                      f"{rel.library_version or 'version not recorded'}, schema "
+                      f"{rel.schema_version or 'not recorded'})", highlight=False)
     _print_privacy(rel.privacy)
     g = rel.gmm
-    table = Table(title=f"released GMM: {g.n_components} classes, {g.n_features} features")
-    table.add_column("class")
+    table = Table(title=f"released GMM: {g.n_components} {what}, {g.n_features} features")
+    table.add_column("component" if learner else "class")
     table.add_column("weight", justify="right")
     table.add_column("mean")
     table.add_column("covariance eigenvalues")
@@ -251,13 +258,14 @@ def inspect(
     out_console.print(table)
     if rel.feature_names:
         out_console.print("features: " + ", ".join(rel.feature_names))
-    if rel.solver is not None:
+    if getattr(rel, "solver", None) is not None:
         s = rel.solver
         out_console.print(f"solver: {s.solver} ({s.status}), {s.n_solves} solve(s), "
                           f"{s.time_s:.3g} s")
     r = rel.randomness
     out_console.print(f"randomness: {'secure' if r.secure else 'seeded'}; {r.note}")
-    out_console.print("settings: " + json.dumps(rel.settings))
+    if not learner:
+        out_console.print("settings: " + json.dumps(rel.settings))
     if rel.options:
         out_console.print("options: " + json.dumps(rel.options))
 

@@ -1,7 +1,9 @@
-"""``klrelease experiment learners-regimes``: where the unlabelled-data learners start to work.
+"""``klrelease experiment learners-regimes``: the learners for unlabelled data side by side.
 
-For the Kamath et al. learners (PGME, SA-lite) and the Afzali-style sample-and-aggregate
-learner, on synthetic mixtures of k spherical unit Gaussians with equal weights:
+Learners: ``dp-em`` (the certified EM of ``klrelease/learners/dpem``), ``park-dp-em`` (the
+published DP-EM recipe of Park et al. 2017, its comparison point), ``kamath-pgme-lite``,
+``kamath-sa-lite`` and the Afzali-style learner, on synthetic mixtures of k spherical unit
+Gaussians with equal weights:
 
 * **separated**: means on a circle (first two coordinates) with minimum pairwise distance
   ``25 (1 + sqrt(d))`` standard deviations (the terrific-ball tests of PGME need tens of sigma
@@ -13,30 +15,40 @@ to the true ones by the Hungarian algorithm on mean distances; largest mean erro
 sigma, largest weight error) and the KL divergence of the returned model to the non-private
 labelled fit: learned components are matched to classes by the Hungarian algorithm on the
 matrix of component KL divergences ``KL(N_learned_j || N_class_i)``, then the labelled
-``KL(learned || reference)`` of :func:`klrelease.kl.kl_divergence` is computed. Beside it,
-``E[KL]`` of labelled mechanisms (which see the labels; 10 draws) on the same data. The
-expected start of each learner (design tables of section 2.8 and 3.8 at eps = 1, scaled by
-1/eps) is a column of the CSV. The public a-priori bounds given to the learners are those the
-design prescribes for synthetic benchmarks: ``R = 1.2 max ||mu||``, ``sigma_min = 0.5``,
-``sigma_max = 2``. Runs are seeded: experiments, not certified releases.
+``KL(learned || reference)`` of :func:`klrelease.kl.kl_divergence` is computed. Beside it, on
+the same data: ``E[KL]`` of the labelled mechanisms (which see the labels; 10 draws), and on
+the overlapping mixtures the KL of the non-private k-means++ start alone (scikit-learn's
+``kmeans_plusplus`` seeds, every row assigned to its nearest seed, weights, means and
+covariances of those groups: what ``GaussianMixture(init_params="k-means++")`` starts from).
+The expected start of the Kamath and Afzali learners (design tables of section 2.8 and 3.8 at
+eps = 1, scaled by 1/eps) is a column of the CSV. The public a-priori bounds given to the
+learners are those the design prescribes for synthetic benchmarks: ``R = 1.2 max ||mu||``,
+``sigma_min = 0.5``, ``sigma_max = 2``. Runs are seeded: experiments, not certified releases.
 
-The learners run with ``accountant="auto"`` (basic or zCDP, whichever gives the larger
-per-piece budgets; the choice is a column of the CSV). The labelled mechanisms run under the
-learners' neighbouring relation, replace-one (``adjacency="replace-one"`` with the public norm
-bound ``R + 2 (sqrt(d) + 3)``); their default, label flip, treats the features as public and
-is not comparable. Seeds are functions of the cell (setting, k, d, eps, N), so a cell gives the
-same data and the same result whatever else the grid holds.
+The Kamath and Afzali learners run with ``accountant="auto"`` (basic or zCDP, whichever gives
+the larger per-piece budgets; the choice is a column of the CSV); ``dp-em`` is composed in
+GDP, ``park-dp-em`` in zCDP (its recipe). The labelled mechanisms run under the learners'
+neighbouring relation, replace-one (``adjacency="replace-one"`` with the public norm bound
+``R + 2 (sqrt(d) + 3)``); their default, label flip, treats the features as public and is not
+comparable. Seeds are functions of the cell (setting, k, d, eps, N), so a cell gives the same
+data and the same result whatever else the grid holds.
 
 Grid (``_grid``), in the order it runs: N = 1e3 and 1e4 for every k in {2, 3, 5}, d in
-{2, 5, 10}, eps in {1, 4}, separated and overlapping; N = 1e5 for the same 36 cells with
-SA-lite and the Afzali-style learner; N = 1e6 for the 18 separated cells and one overlapping
-cell (k = d = 2, eps = 4) with SA-lite and the Afzali-style learner; then PGME at N = 1e5 on the
-cells of ``PGME_1E5``. PGME's radius queries are O(N^2) (a KD-tree in d <= 2 does not change the
-order): a k = 3 cell at 1e5 takes 4-6 min, so PGME runs at 1e5 only where it answers the
-question of where it starts to work, and not at 1e6 (``PGME_1E6_REASON``, measured). A wall
+{2, 5, 10}, eps in {1, 4}, separated and overlapping, every learner; N = 1e5 for the same 36
+cells without PGME-lite; N = 1e6 for the 18 separated cells and one overlapping cell
+(k = d = 2, eps = 4) without PGME-lite; then PGME-lite at N = 1e5 on the cells of ``PGME_1E5``.
+PGME-lite's radius queries are O(N^2) (a KD-tree in d <= 2 does not change the order): a k = 3
+cell at 1e5 takes 4-6 min, so it runs at 1e5 only where it answers the question of where it
+starts to work, and not at 1e6 (``PGME_1E6_REASON``, measured). One trial per cell. A wall
 budget stops the run between cells; every cell or learner not run is listed with its reason in
 the JSON (``not_run``). The warm-up PEGME is left out (its model, means within
 ``2 k sqrt(d) kappa sigma_min`` of the origin, does not match these mixtures).
+
+Then, PGME-lite in its paper's separation regime (``run_pgme_regime``): k = 2 components
+``100 (sigma_1 + sigma_2) (sqrt(k ln N) + 2 sqrt(k))`` apart (KSSU eq. 6 with w = 1/2),
+N = 2e4, eps = 1, d in {2, 5, 10}, five seeds each; the largest matched mean error per run.
+The target checks (``targets``) are computed from the rows and written to the JSON and to
+``learners_regimes_tables.md`` with the per-cell tables.
 """
 
 from __future__ import annotations
@@ -54,9 +66,12 @@ import numpy as np
 
 __all__ = ["run_learners_regimes", "expected_start", "GRID_LEARNERS"]
 
-GRID_LEARNERS = ("kamath-pgme", "kamath-sa-lite", "afzali-style-sample-aggregate")
+PGME = "kamath-pgme-lite"
+GRID_LEARNERS = ("dp-em", "park-dp-em", PGME, "kamath-sa-lite", "afzali-style-sample-aggregate")
 COMPARE_MECHANISMS = ("gaussian-iid", "kl-certified")
-BLOCK_LEARNERS = GRID_LEARNERS[1:]
+#: The non-private k-means++ start (overlapping cells): a row of the CSV, kind "non-private".
+KMEANS_START = "k-means++ start (non-private)"
+BLOCK_LEARNERS = tuple(n for n in GRID_LEARNERS if n != PGME)
 
 #: PGME cells at N = 1e5 (setting, k, d, eps): every separated cell in d = 2 (exact KD-tree
 #: counts, about a minute each) and one overlapping; in d = 5, 10 (chunked pairs, 3-6 min
@@ -65,7 +80,7 @@ PGME_1E5 = (("separated", 5, 2, 4.0), ("separated", 3, 2, 1.0), ("separated", 2,
             ("separated", 5, 2, 1.0), ("separated", 2, 2, 1.0), ("separated", 2, 2, 4.0),
             ("separated", 3, 2, 4.0), ("overlapping", 2, 2, 4.0), ("separated", 3, 5, 1.0))
 
-#: Why PGME is not run at N = 1e6 (measured on this machine, shared, nice 10).
+#: Why PGME-lite is not run at N = 1e6 (measured on this machine, shared, nice 10).
 PGME_1E6_REASON = (
     "PGME's radius queries count, for every point, the points within each grid radius: "
     "O(N^2) pairs. Measured at N = 1e5 (k = 3, separated): one terrific-radius query over all "
@@ -76,7 +91,7 @@ PGME_1E6_REASON = (
 )
 
 #: Default wall budget of the full grid (seconds): cells after it are not run (listed).
-WALL_BUDGET = 3300.0
+WALL_BUDGET = 4500.0
 
 # Design tables (eps = 1, delta = 1e-6): smallest N where the learner can start to work.
 _PGME = {(2, 2): 1.1e4, (2, 5): 2.1e4, (2, 10): 2.1e4, (3, 2): 4.9e4, (3, 5): 9.4e4,
@@ -88,8 +103,10 @@ _AAL = {(2, 2): 2e4, (3, 2): 3e4, (5, 2): 5e4, (2, 5): 8e4, (3, 5): 1.1e5, (2, 1
 
 def expected_start(learner: str, k: int, d: int, eps: float) -> float | None:
     """Design-table N at which ``learner`` can start to work (None: not tabulated)."""
-    table = {"kamath-pgme": _PGME, "kamath-sa-lite": _SA,
-             "afzali-style-sample-aggregate": _AAL}[learner]
+    table = {PGME: _PGME, "kamath-sa-lite": _SA,
+             "afzali-style-sample-aggregate": _AAL}.get(learner)
+    if table is None:
+        return None
     v = table.get((k, d))
     return None if v is None else v / eps
 
@@ -124,21 +141,20 @@ def _grid(quick: bool) -> list[Cell]:
     big = [("separated", k, d, e) for e in (1.0, 4.0) for k in (2, 3, 5) for d in (2, 5, 10)]
     big += [("overlapping", 2, 2, 4.0)]
     cells += [Cell(s, k, d, e, 1_000_000, BLOCK_LEARNERS) for s, k, d, e in big]
-    cells += [Cell(s, k, d, e, 100000, ("kamath-pgme",)) for s, k, d, e in PGME_1E5]
+    cells += [Cell(s, k, d, e, 100000, (PGME,)) for s, k, d, e in PGME_1E5]
     return cells
 
 
 def _not_run(cells: list[Cell]) -> list[dict]:
     """The learners the grid does not run on its cells, with the reason (public)."""
     out = []
-    pgme_cells = {c.key for c in cells if "kamath-pgme" in c.learners}
+    pgme_cells = {c.key for c in cells if PGME in c.learners}
     for c in cells:
-        if c.n == 1_000_000 and "kamath-pgme" not in c.learners:
-            out.append({"cell": list(c.key), "learner": "kamath-pgme",
-                        "reason": PGME_1E6_REASON})
+        if c.n == 1_000_000 and PGME not in c.learners:
+            out.append({"cell": list(c.key), "learner": PGME, "reason": PGME_1E6_REASON})
         elif c.n == 100000 and c.key not in pgme_cells:
-            out.append({"cell": list(c.key), "learner": "kamath-pgme",
-                        "reason": "wall budget: PGME runs at 1e5 only on the cells of "
+            out.append({"cell": list(c.key), "learner": PGME,
+                        "reason": "wall budget: PGME-lite runs at 1e5 only on the cells of "
                                   "PGME_1E5 (3-6 min each in d = 5, 10)"})
     return out
 
@@ -153,10 +169,35 @@ def _means(setting: str, k: int, d: int) -> np.ndarray:
 
 
 def _options(learner: str, R: float, quick: bool) -> dict:
-    base = {"kamath-pgme": {"R": R, "sigma_min": 0.5, "sigma_max": 2.0},
+    if learner == "dp-em":
+        return {"R": R, "sigma_min": 0.5, "sigma_max": 2.0}
+    if learner == "park-dp-em":
+        return {"R": R, "sigma_max": 2.0}
+    base = {PGME: {"R": R, "sigma_min": 0.5, "sigma_max": 2.0},
             "kamath-sa-lite": {"R": R, "sigma_min": 0.5, "sigma_max": 2.0, "n_init": 1},
             "afzali-style-sample-aggregate": {"sigma_max": 2.0, "r_init": 3}}
     return {**base[learner], "accountant": "auto"}
+
+
+def kmeans_start(X, k: int, seed: int):
+    """The non-private k-means++ start: scikit-learn's seeds, every row to its nearest seed,
+    the groups' weights, means and covariances (a group with fewer than d + 1 rows: its seed
+    and the identity)."""
+    from sklearn.cluster import kmeans_plusplus
+
+    from ..gmm import GMM
+
+    n, d = X.shape
+    from sklearn.metrics import pairwise_distances_argmin
+
+    seeds, _ = kmeans_plusplus(X, k, random_state=seed)
+    lab = pairwise_distances_argmin(X, seeds)
+    w = np.bincount(lab, minlength=k) / n
+    means = np.array([X[lab == j].mean(0) if np.any(lab == j) else seeds[j] for j in range(k)])
+    covs = np.array([np.cov(X[lab == j].T).reshape(d, d) + 1e-9 * np.eye(d)
+                     if np.sum(lab == j) > d else np.eye(d) for j in range(k)])
+    w = np.maximum(w, 1e-12)
+    return GMM(w / w.sum(), means, covs)
 
 
 def _match_error(gmm, means, weights):
@@ -269,6 +310,16 @@ def run_learners_regimes(out: Path = Path("experiments"), *, quick: bool = False
                 if progress:
                     print(f"[{ci + 1}/{len(cells)}] {cell.key} {name}: {row['status']} "
                           f"{row['stage']} {row['seconds']:.1f}s", file=sys.stderr, flush=True)
+            if cell.setting == "overlapping" and "dp-em" in cell.learners:
+                t0 = time.perf_counter()
+                start = kmeans_start(X, cell.k, int(rng.integers(2**31)))
+                rows.append({**common, "learner": KMEANS_START, "kind": "non-private",
+                             "accountant": "", "status": "ok", "stage": "",
+                             "seconds": round(time.perf_counter() - t0, 3),
+                             "expected_start_n": None, **dict(zip(
+                                 ("mean_error_sigma", "weight_error"),
+                                 _match_error(start, means, weights), strict=True)),
+                             "kl": _matched_kl(start, reference)})
             if any(r["status"] == "ok" for r in ran) and (cell.key, trial) not in compared:
                 compared.add((cell.key, trial))
                 cmp_rng = np.random.default_rng(cell.seed(trial) + [1])
@@ -279,11 +330,108 @@ def run_learners_regimes(out: Path = Path("experiments"), *, quick: bool = False
                                  "seconds": round(rec["seconds"], 3), "expected_start_n": None,
                                  "mean_error_sigma": None, "weight_error": None,
                                  "kl": rec.get("kl")})
+    regime = [] if quick else run_pgme_regime(progress=progress)
     wall = time.perf_counter() - t_start
     cpu = time.process_time() - cpu_start
     summary = _summarise(rows)
-    _write(folder, rows, summary, cells, trials, quick, wall, cpu, not_run, budget)
+    checks = targets(rows, regime)
+    _write(folder, rows, summary, cells, trials, quick, wall, cpu, not_run, budget, regime,
+           checks)
     return summary
+
+
+def run_pgme_regime(*, n: int = 20000, eps: float = 1.0, dims=(2, 5, 10), seeds: int = 5,
+                    progress: bool = True) -> list[dict]:
+    """PGME-lite in its paper's separation regime (KSSU eq. 6 with k = 2, w = 1/2):
+    ``100 (1 + 1) (sqrt(2 ln N) + 2 sqrt(2))`` standard deviations apart, N = 2e4, eps = 1."""
+    from ..learners import learn
+
+    k = 2
+    sep = 100.0 * 2.0 * (math.sqrt(k * math.log(n)) + 2.0 * math.sqrt(k))
+    out = []
+    for d in dims:
+        for seed in range(seeds):
+            rng = np.random.default_rng([20261123, d, seed])
+            means = np.zeros((k, d))
+            means[:, 0] = [-sep / 2.0, sep / 2.0]
+            X = means[rng.integers(0, k, n)] + rng.normal(size=(n, d))
+            t0 = time.perf_counter()
+            res = learn(X, k, epsilon=eps, delta=1e-6, learner=PGME, seed=seed,
+                        R=1.2 * sep / 2.0, sigma_min=0.5, sigma_max=2.0)
+            rec = {"d": d, "seed": seed, "n": n, "epsilon": eps, "separation_sigma": sep,
+                   "status": "FAIL" if res.failed else "ok", "stage": res.stage or "",
+                   "seconds": round(time.perf_counter() - t0, 2), "max_mean_error_sigma": None,
+                   "mean_errors_sigma": None}
+            if res.ok:
+                cost = np.linalg.norm(res.gmm.means[:, None] - means[None], axis=2)
+                from scipy.optimize import linear_sum_assignment
+
+                r, c = linear_sum_assignment(cost)
+                rec["mean_errors_sigma"] = [float(x) for x in cost[r, c]]
+                rec["max_mean_error_sigma"] = float(cost[r, c].max())
+            out.append(rec)
+            if progress:
+                print(f"PGME-lite regime d={d} seed={seed}: {rec['status']} "
+                      f"{rec['max_mean_error_sigma']}", file=sys.stderr, flush=True)
+    return out
+
+
+#: The cells of the separated-mixture target (k = 2, 3; d = 2, 5, 10; eps = 1, 4).
+TARGET_K, TARGET_N = (2, 3), (10000, 100000, 1000000)
+
+
+def targets(rows: list[dict], regime: list[dict]) -> dict:
+    """The targets measured from the rows: dp-em's model rate at N >= 1e4; its KL against
+    every other learner's on the separated cells (k = 2, 3), against the k-means++ start on the
+    overlapping cells and against kl-certified (labelled, replace-one) at N >= 1e5; PGME-lite's
+    matched mean errors in its regime."""
+    by_cell: dict = {}
+    for r in rows:
+        key = (r["setting"], r["k"], r["d"], r["epsilon"], r["n"], r["trial"])
+        by_cell.setdefault(key, {})[r["learner"]] = r
+    dp = [r for r in rows if r["learner"] == "dp-em" and r["n"] >= 10000]
+    sep, ovl, lab = [], [], []
+    for key, cell in sorted(by_cell.items()):
+        me = cell.get("dp-em")
+        if me is None or me["kl"] is None:
+            continue
+        setting, k, d, eps, n, _ = key
+        if setting == "separated" and k in TARGET_K and n in TARGET_N:
+            others = {name: r["kl"] for name, r in cell.items()
+                      if r["kind"] == "unlabelled learner" and name != "dp-em"}
+            returned = {a: b for a, b in others.items() if b is not None}
+            best = min(returned.values()) if returned else None
+            sep.append({"k": k, "d": d, "epsilon": eps, "n": n, "dp_em_kl": me["kl"],
+                        "best_other": min(returned, key=returned.get) if returned else None,
+                        "best_other_kl": best, "others_failed": sorted(set(others) -
+                                                                        set(returned)),
+                        "ratio": None if best is None else best / me["kl"],
+                        "met": best is None or best >= 2.0 * me["kl"]})
+        if setting == "overlapping" and KMEANS_START in cell:
+            kk = cell[KMEANS_START]["kl"]
+            ovl.append({"k": k, "d": d, "epsilon": eps, "n": n, "dp_em_kl": me["kl"],
+                        "kmeans_start_kl": kk, "met": me["kl"] < kk})
+        kc = cell.get("kl-certified")
+        if n >= 100000 and kc is not None and kc.get("kl") is not None:
+            lab.append({"setting": setting, "k": k, "d": d, "epsilon": eps, "n": n,
+                        "dp_em_kl": me["kl"], "kl_certified_kl": kc["kl"],
+                        "ratio": me["kl"] / kc["kl"], "met": me["kl"] <= 3.0 * kc["kl"]})
+    ok_regime = [r for r in regime if r["status"] == "ok"]
+    return {
+        "dp_em_model_rate_n_ge_1e4": {"runs": len(dp),
+                                      "models": sum(r["status"] == "ok" for r in dp)},
+        "separated_2x_below_every_other_learner": {
+            "cells": len(sep), "met": sum(c["met"] for c in sep), "detail": sep},
+        "overlapping_below_kmeans_start": {
+            "cells": len(ovl), "met": sum(c["met"] for c in ovl), "detail": ovl},
+        "within_3x_of_kl_certified_n_ge_1e5": {
+            "cells": len(lab), "met": sum(c["met"] for c in lab), "detail": lab},
+        "pgme_lite_regime_within_1_sigma": {
+            "runs": len(regime), "models": len(ok_regime),
+            "met": sum(r["max_mean_error_sigma"] < 1.0 for r in ok_regime),
+            "largest_error_sigma": max((r["max_mean_error_sigma"] for r in ok_regime),
+                                       default=None), "detail": regime},
+    }
 
 
 def _summarise(rows):
@@ -318,8 +466,9 @@ def plot_summary(summary: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = dict(zip(GRID_LEARNERS, ("tab:blue", "tab:orange", "tab:green"), strict=True))
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    colours = dict(zip(GRID_LEARNERS, ("tab:red", "tab:purple", "tab:blue", "tab:orange",
+                                       "tab:green"), strict=True))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 9))
     for j, setting in enumerate(("separated", "overlapping")):
         for name in GRID_LEARNERS:
             for eps, style in ((1.0, "-"), (4.0, "--")):
@@ -338,18 +487,24 @@ def plot_summary(summary: list[dict], path: Path) -> None:
                        title=f"{setting}: FAIL rate over the (k, d) cells run at each N")
         axes[1, j].set(xscale="log", yscale="log", title=f"{setting}: median mean error",
                        xlabel="N", ylabel="max matched mean error / sigma")
-        for ax in axes[:, j]:
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=7)
-    fig.text(0.5, 0.005, "PGME at N = 1e5 on the cells of PGME_1E5 only, not at 1e6; N = 1e6: "
-             "all separated cells and one overlapping cell (k = d = 2, eps = 4)",
+    handles, labels = [], []
+    for ax in axes.ravel():  # one legend below the panels: it covers no curve
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7, frameon=False,
+               bbox_to_anchor=(0.5, 0.025))
+    fig.text(0.5, 0.005, "PGME-lite at N = 1e5 on the cells of PGME_1E5 only, not at 1e6; "
+             "N = 1e6: all separated cells and one overlapping cell (k = d = 2, eps = 4)",
              ha="center", fontsize=8)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _write(folder, rows, summary, cells, trials, quick, wall, cpu, not_run=(), budget=None):
+def _write(folder, rows, summary, cells, trials, quick, wall, cpu, not_run=(), budget=None,
+           regime=(), checks=None):
     import csv
 
     keys = list(rows[0])
@@ -371,17 +526,103 @@ def _write(folder, rows, summary, cells, trials, quick, wall, cpu, not_run=(), b
         "learner_accountant": "auto",
         "cpu_seconds": round(cpu, 1), "python": platform.python_version(),
         "seeded": True, "certified": False,
-        "summary": summary,
+        "summary": summary, "targets": checks,
     }
     (folder / "learners_regimes.json").write_text(json.dumps(info, indent=2))
+    (folder / "learners_regimes_tables.md").write_text(tables(rows, checks or {}, regime))
 
 
-def run_speed_check(out: Path = Path("experiments"), *, n: int = 100_000, d: int = 10,
-                    k: int = 2, eps: float = 4.0) -> dict:
-    """Time PGME at ``n`` rows in ``d`` dimensions (progress bar on); peak memory from rusage.
+def _short(name: str) -> str:
+    return {"kamath-pgme-lite": "PGME-lite", "kamath-sa-lite": "SA-lite",
+            "afzali-style-sample-aggregate": "Afzali-style", "park-dp-em": "Park DP-EM",
+            KMEANS_START: "k-means++ start"}.get(name, name)
 
-    Writes ``speed.json`` beside the regimes results (``klrelease experiment learners-speed``).
-    """
+
+def _fmt(x) -> str:
+    return "–" if x is None else f"{x:.2g}"
+
+
+def tables(rows: list[dict], checks: dict, regime=()) -> str:
+    """The per-cell tables and the target checks as markdown (written beside the CSV)."""
+    ns = sorted({r["n"] for r in rows})
+    cell_of: dict = {}
+    for r in rows:
+        cell_of[(r["learner"], r["setting"], r["k"], r["d"], r["epsilon"], r["n"])] = r
+    names = [*GRID_LEARNERS, KMEANS_START, "kl-certified"]
+    out = ["# learners-regimes: KL to the labelled non-private fit, per cell",
+           "",
+           "Generated by `klrelease experiment learners-regimes` from `learners_regimes.csv`. "
+           "A number is the KL divergence of the returned model to the labelled non-private "
+           "fit (components matched to classes); F(stage) = FAIL; – = not run. kl-certified "
+           "and k-means++ start: see the module docstring (labelled, 10 draws; non-private).",
+           ""]
+    for setting in ("separated", "overlapping"):
+        for eps in sorted({r["epsilon"] for r in rows}):
+            out += [f"## {setting}, eps = {eps:g}", "",
+                    "| learner | k | d | " + " | ".join(f"N = {n:.0e}" for n in ns) + " |",
+                    "|---|---|---|" + "---|" * len(ns)]
+            for name in names:
+                for k in (2, 3, 5):
+                    for d in (2, 5, 10):
+                        cells = [cell_of.get((name, setting, k, d, eps, n)) for n in ns]
+                        if not any(cells):
+                            continue
+                        txt = []
+                        for c in cells:
+                            if c is None:
+                                txt.append("–")
+                            elif c["status"] != "ok":
+                                txt.append(f"F({c['stage'][:12]})")
+                            else:
+                                txt.append(_fmt(c["kl"]))
+                        out.append(f"| {_short(name)} | {k} | {d} | " + " | ".join(txt) + " |")
+            out.append("")
+    if checks:
+        out += ["## Targets", ""]
+        mr = checks["dp_em_model_rate_n_ge_1e4"]
+        out.append(f"* dp-em returned a model in {mr['models']} of {mr['runs']} runs at "
+                   "N >= 1e4.")
+        for key, words in (("separated_2x_below_every_other_learner",
+                            "separated cells (k = 2, 3; N = 1e4..1e6): KL at least 2x below "
+                            "every other learner's"),
+                           ("overlapping_below_kmeans_start",
+                            "overlapping cells: KL below the k-means++ start's"),
+                           ("within_3x_of_kl_certified_n_ge_1e5",
+                            "N >= 1e5: KL within 3x of labelled kl-certified's")):
+            c = checks[key]
+            out.append(f"* {words}: {c['met']} of {c['cells']} cells.")
+        out += ["", "| cell (k, d, eps, N) | dp-em KL | best other learner | its KL | ratio |",
+                "|---|---|---|---|---|"]
+        for c in checks["separated_2x_below_every_other_learner"]["detail"]:
+            out.append(f"| {c['k']}, {c['d']}, {c['epsilon']:g}, {c['n']:.0e} | "
+                       f"{_fmt(c['dp_em_kl'])} | {_short(c['best_other'] or 'all FAIL')} | "
+                       f"{_fmt(c['best_other_kl'])} | {_fmt(c['ratio'])} |")
+        out += ["", "| overlapping cell (k, d, eps, N) | dp-em KL | k-means++ start KL |",
+                "|---|---|---|"]
+        for c in checks["overlapping_below_kmeans_start"]["detail"]:
+            out.append(f"| {c['k']}, {c['d']}, {c['epsilon']:g}, {c['n']:.0e} | "
+                       f"{_fmt(c['dp_em_kl'])} | {_fmt(c['kmeans_start_kl'])} |")
+        out += ["", "| cell (setting, k, d, eps, N) | dp-em KL | kl-certified E[KL] | "
+                    "ratio |", "|---|---|---|---|"]
+        for c in checks["within_3x_of_kl_certified_n_ge_1e5"]["detail"]:
+            out.append(f"| {c['setting']}, {c['k']}, {c['d']}, {c['epsilon']:g}, "
+                       f"{c['n']:.0e} | {_fmt(c['dp_em_kl'])} | {_fmt(c['kl_certified_kl'])} "
+                       f"| {_fmt(c['ratio'])} |")
+    if regime:
+        out += ["", "## PGME-lite in its separation regime (k = 2, N = 2e4, eps = 1)", "",
+                "| d | seed | status | largest matched mean error (sigma) |", "|---|---|---|---|"]
+        for r in regime:
+            out.append(f"| {r['d']} | {r['seed']} | {r['status']} {r['stage']} | "
+                       f"{_fmt(r['max_mean_error_sigma'])} |")
+    return "\n".join(out) + "\n"
+
+
+def run_speed_check(out: Path = Path("experiments"), *, learner: str = "dp-em",
+                    n: int = 1_000_000, d: int = 10, k: int = 5, eps: float = 1.0) -> dict:
+    """Time one learner at ``n`` rows in ``d`` dimensions on the separated mixture (seeded);
+    peak memory from rusage. Writes ``speed.json`` beside the regimes results
+    (``klrelease experiment learners-speed``)."""
+    import os
     import resource
 
     from ..learners import learn
@@ -390,17 +631,18 @@ def run_speed_check(out: Path = Path("experiments"), *, n: int = 100_000, d: int
     means = _means("separated", k, d)
     X = means[rng.integers(0, k, n)] + rng.normal(size=(n, d))
     R = 1.2 * float(np.linalg.norm(means, axis=1).max())
+    load = os.getloadavg()[0]
     t0 = time.perf_counter()
     c0 = time.process_time()
-    res = learn(X, k, epsilon=eps, delta=1e-6, learner="kamath-pgme", seed=1, R=R,
-                sigma_min=0.5, sigma_max=2.0, progress=True)
+    res = learn(X, k, epsilon=eps, delta=1e-6, learner=learner, seed=1,
+                **_options(learner, R, False))
     info = {
-        "learner": "kamath-pgme", "n": n, "d": d, "k": k, "epsilon": eps,
+        "learner": learner, "n": n, "d": d, "k": k, "epsilon": eps,
         "status": "FAIL" if res.failed else "ok", "stage": res.stage,
         "wall_seconds": round(time.perf_counter() - t0, 1),
         "cpu_seconds": round(time.process_time() - c0, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "nodes": res.diagnostics.get("nodes"),
+        "load_average_before": round(load, 2), "cores": os.cpu_count(),
         "mean_error_sigma": _match_error(res.gmm, means, np.full(k, 1 / k))[0] if res.ok
         else None,
     }

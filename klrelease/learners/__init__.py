@@ -15,5 +15,6 @@ from .result import Learner, LearnResult, get_learner, learn, learners, register
 
 __all__ = ["LearnResult", "Learner", "get_learner", "learn", "learners", "register_learner"]
 from . import afzali  # noqa: E402, F401, I001  (registers the Afzali-style learner)
+from . import dpem  # noqa: E402, F401  (registers dp-em and the published DP-EM recipe)
 from . import kamath  # noqa: E402, F401  (registers the Kamath et al. learners)
 from . import ppe  # noqa: E402, F401  (registers the PPE-family learners)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import platform
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from .._version import SCHEMA_VERSION, __version__
 from ..gmm import GMM
 from ..mechanisms.base import Guarantee
 from ..privacy.tape import plain
@@ -18,7 +20,7 @@ from ..rng import make_rng
 
 __all__ = [
     "LearnResult", "Learner", "MechanismFailed", "get_learner", "learn", "learners",
-    "register_learner",
+    "register_alias", "register_learner", "resolve_name", "describe_learner",
 ]
 
 
@@ -44,6 +46,12 @@ class LearnResult:
         Public numbers of the run (budget ledger, released noisy values, sizes).
     secure : bool
         True when the noise came from the CSPRNG (unseeded run); seeded runs are experiments.
+    options : dict
+        The learner's public options as run (defaults included).
+    seed : int or None
+        The seed of a seeded run (an experiment); ``None`` when unseeded.
+    feature_names : tuple of str
+        Names of the columns of ``X`` (``x0, x1, ...`` unless given).
     """
 
     learner: str
@@ -54,6 +62,9 @@ class LearnResult:
     reason: str = ""
     diagnostics: dict[str, Any] = field(default_factory=dict)
     secure: bool = True
+    options: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+    feature_names: tuple = ()
 
     def __post_init__(self):
         if self.failed == (self.gmm is not None):
@@ -64,12 +75,21 @@ class LearnResult:
         return not self.failed
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as an artifact (JSON-ready): the fields of a
+        :class:`~klrelease.artifact.LearnerRelease`, or of a
+        :class:`~klrelease.artifact.FailDocument` for FAIL."""
         g = self.guarantee
+        d = None if self.gmm is None else self.gmm.n_features
+        names = list(self.feature_names) or ([f"x{i}" for i in range(d)] if d else [])
         out: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "library_version": __version__,
+            "python_version": platform.python_version(),
             "learner": self.learner,
             "status": "FAIL" if self.failed else "ok",
             "stage": self.stage,
             "reason": self.reason,
+            "feature_names": names,
             "privacy": {
                 "epsilon": g.epsilon, "delta": g.delta, "neighbouring": g.neighbouring,
                 "certified": g.certified, "statement": g.statement,
@@ -77,11 +97,16 @@ class LearnResult:
                 **({"accountant": self.diagnostics["ledger"]["accountant"]}
                    if "accountant" in self.diagnostics.get("ledger", {}) else {}),
             },
+            "options": plain(self.options),
             "diagnostics": plain(self.diagnostics),
-            "randomness": {"secure": self.secure},
+            "randomness": {"secure": self.secure, "seed": None if self.secure else self.seed,
+                           "note": ("ChaCha20 CSPRNG keyed from the operating system"
+                                    if self.secure else
+                                    "seeded: an experiment, not a certified release")},
         }
         if self.gmm is not None:
             out["gmm"] = {
+                "classes": list(self.gmm.classes),
                 "weights": self.gmm.weights.tolist(),
                 "means": self.gmm.means.tolist(),
                 "covariances": self.gmm.covariances.tolist(),
@@ -89,6 +114,8 @@ class LearnResult:
         return out
 
     def to_json(self, *, indent: int | None = 2) -> str:
+        """The artifact as JSON (``klrelease.artifact.learner_document`` validates it;
+        ``klrelease inspect``, ``sample`` and ``plot`` read it)."""
         return json.dumps(self.to_dict(), indent=indent)
 
 
@@ -120,6 +147,8 @@ class MechanismFailed(Exception):
 Learner = Callable[..., LearnResult]
 
 _LEARNERS: dict[str, Learner] = {}
+#: Former names: ``old -> new`` (``get_learner`` resolves them with a FutureWarning).
+_ALIASES: dict[str, str] = {}
 
 
 def register_learner(name: str, fn: Learner) -> Learner:
@@ -130,12 +159,30 @@ def register_learner(name: str, fn: Learner) -> Learner:
     return fn
 
 
+def resolve_name(name: str) -> str:
+    """The current name of a learner (a former name resolves to its successor)."""
+    return _ALIASES.get(name, name)
+
+
+def register_alias(old: str, new: str) -> None:
+    """Keep a former learner name working: it resolves to ``new`` with a FutureWarning."""
+    if old in _LEARNERS or old in _ALIASES or new not in _LEARNERS:
+        raise ValueError(f"cannot alias {old!r} to {new!r}")
+    _ALIASES[old] = new
+
+
 def learners() -> list[str]:
     """Names of the registered learners."""
     return list(_LEARNERS)
 
 
 def get_learner(name: str) -> Learner:
+    if name in _ALIASES:
+        import warnings
+
+        warnings.warn(f"learner {name!r} is now {_ALIASES[name]!r}; the old name will be "
+                      "removed", FutureWarning, stacklevel=3)
+        name = _ALIASES[name]
     try:
         return _LEARNERS[name]
     except KeyError:
@@ -155,6 +202,56 @@ def learner_options(fn: Learner) -> dict[str, inspect.Parameter]:
     the generator)."""
     return {name: p for name, p in inspect.signature(fn).parameters.items()
             if p.kind == p.KEYWORD_ONLY and name not in _RUN_ARGUMENTS}
+
+
+def _option_words(fn: Learner) -> dict[str, str]:
+    """Meanings of a learner's options from its docstring: numpy-style entries
+    ``name : text`` or ``name, other : text`` (continuation lines indented deeper)."""
+    import re
+
+    lines = (inspect.getdoc(fn) or "").splitlines()
+    out: dict[str, str] = {}
+    names: list[str] = []
+    indent = 0
+    entry = re.compile(r"^(\s*)([A-Za-z_][A-Za-z0-9_]*(?:,\s*[A-Za-z_][A-Za-z0-9_]*)*)\s+:\s+(.*)$")
+    for line in lines:
+        m = entry.match(line)
+        if m and all(n.strip() in learner_options(fn) for n in m.group(2).split(",")):
+            names = [n.strip() for n in m.group(2).split(",")]
+            indent = len(m.group(1))
+            for n in names:
+                out[n] = m.group(3).strip()
+        elif names and line.strip() and len(line) - len(line.lstrip()) > indent:
+            for n in names:
+                out[n] += " " + line.strip()
+        else:
+            names = []
+    return out
+
+
+def describe_learner(name: str) -> dict[str, Any]:
+    """A learner's summary, relation, proof and options ``(name, type, default, meaning)``
+    (for ``klrelease learners NAME``)."""
+    import sys
+    import typing
+
+    fn = get_learner(name)
+    hints = typing.get_type_hints(fn)
+    words = _option_words(fn)
+    rows = []
+    for opt, p in learner_options(fn).items():
+        kind = hints.get(opt)
+        kind = ("any (a callable)" if kind is None else
+                getattr(kind, "__name__", None) or str(kind).replace("typing.", ""))
+        default = "required" if p.default is p.empty else (
+            "none" if p.default is None else str(p.default).lower()
+            if isinstance(p.default, bool) else str(p.default))
+        rows.append((opt, kind, default, words.get(opt, "")))
+    doc = (inspect.getdoc(fn) or "").splitlines()
+    return {"name": resolve_name(name), "summary": doc[0] if doc else "",
+            "relation": "replace-one (one record replaced; N public)",
+            "proof": getattr(sys.modules.get(fn.__module__), "DOC", "beside the code"),
+            "options": rows}
 
 
 def check_options(name: str, fn: Learner, options: dict) -> dict:
@@ -190,19 +287,22 @@ def check_options(name: str, fn: Learner, options: dict) -> dict:
 
 
 def learn(X, n_components: int, *, epsilon: float, delta: float, learner: str,
-          seed: int | None = None, **options) -> LearnResult:
+          seed: int | None = None, feature_names=None, **options) -> LearnResult:
     """Run a registered private learner on unlabelled rows ``X``.
 
     Inputs are validated here from public facts only (shape, finiteness, epsilon, delta);
     everything data-dependent happens inside the learner and ends in a result, FAIL included.
     Without ``seed`` the noise comes from the CSPRNG; a seeded run is an experiment and its
-    result is not certified.
+    result is not certified. ``feature_names`` (default: the columns of a DataFrame, else
+    ``x0, x1, ...``) go into the artifact, with the public options and the seed.
     """
     from ..data import check_privacy_parameters
 
     eps, dlt = check_privacy_parameters(epsilon, delta)
     fn = get_learner(learner)
     options = check_options(learner, fn, options)
+    if feature_names is None and hasattr(X, "columns"):
+        feature_names = [str(c) for c in X.columns]
     try:
         X = np.asarray(X, dtype=np.float64)
     except (TypeError, ValueError):
@@ -213,10 +313,15 @@ def learn(X, n_components: int, *, epsilon: float, delta: float, learner: str,
         raise ValueError("X contains NaN or infinite values")
     if int(n_components) != n_components or n_components < 1:
         raise ValueError(f"n_components must be a positive integer, got {n_components!r}")
+    names = (tuple(str(f) for f in feature_names) if feature_names is not None
+             else tuple(f"x{i}" for i in range(X.shape[1])))
+    if len(names) != X.shape[1]:
+        raise ValueError(f"feature_names has {len(names)} names for {X.shape[1]} features")
     src = make_rng(seed)
     res = fn(X, int(n_components), epsilon=eps, delta=dlt, rng=src.generator, **options)
+    public = {name: options.get(name, p.default) for name, p in learner_options(fn).items()
+              if name != "progress"}
+    res = replace(res, options=public, seed=src.seed, feature_names=names)
     if not src.secure:
-        from dataclasses import replace
-
         res = replace(res, secure=False, guarantee=res.guarantee.seeded())
     return res

@@ -2,7 +2,7 @@
 
 A learner lists every mechanism it may run, with its budget and how many times it can run on
 inputs that differ between two neighbouring datasets on the worst path (``multiplicity``).
-Two accountants (the proofs are in ``toolbox.md`` beside this module, paragraph "Ledger"):
+Three accountants (the proofs are in ``toolbox.md`` beside this module, paragraph "Ledger"):
 
 * ``basic``: each piece is (epsilon_i, delta_i)-DP and the worst-path guarantee is the sum of
   ``multiplicity * (epsilon_i, delta_i)`` (adaptive basic composition). A group of mechanisms
@@ -13,10 +13,16 @@ Two accountants (the proofs are in ``toolbox.md`` beside this module, paragraph 
   variation term ``delta_TV``. The worst-path sum of rho is converted to
   ``(eps_tot, delta_z)`` by ``dp_accounting``'s RDP accountant (a ``ZCDpEvent``), and the
   guarantee is ``(eps_tot, delta_z + (1 + e^{eps_tot}) sum delta_TV)``.
+* ``gdp``: every piece is a Gaussian mechanism (``kind="gaussian"``, with its rho =
+  ``s^2 / 2`` for whitened sensitivity ``s``); the worst path is ``mu``-GDP with
+  ``mu^2 = 2 sum rho`` (Dong, Roth & Su 2022, Cor. 3.3), and the guarantee is
+  ``(eps, delta(eps))`` on the Gaussian curve (:class:`~.guarantee.GaussianCurve`), exact for
+  a composition of Gaussian mechanisms. Learners whose pieces are all Gaussian use it.
 
 :func:`zcdp_rho` is the largest total rho that the RDP conversion turns into at most
 ``(epsilon, delta_z)``; learners split it over their pieces by the same shares as the basic
-split. :func:`choose_accountant` picks ``basic`` or ``zcdp`` for ``auto`` from public inputs
+split. :func:`gdp_mu` is the largest ``mu`` whose curve gives at most ``delta`` at
+``epsilon``. :func:`choose_accountant` picks ``basic`` or ``zcdp`` for ``auto`` from public inputs
 only. :meth:`Ledger.check` compares the total with the request and raises before the data is
 touched; the ledger never sees the data, so running it with the data replaced by zeros gives
 the same ledger.
@@ -30,7 +36,7 @@ from dataclasses import dataclass, field
 from .guarantee import BudgetExceeded
 
 __all__ = ["LedgerEntry", "Ledger", "BudgetExceeded", "Spend", "ACCOUNTANTS", "zcdp_rho",
-           "zcdp_epsilon", "choose_accountant", "check_accountant", "ZCDP_DELTA_SHARE"]
+           "zcdp_epsilon", "choose_accountant", "check_accountant", "ZCDP_DELTA_SHARE", "gdp_mu"]
 
 #: The accountants a learner accepts (``auto`` resolves to one of the first two).
 ACCOUNTANTS = ("basic", "zcdp", "auto")
@@ -83,6 +89,19 @@ def zcdp_rho(epsilon: float, delta_z: float) -> float:
         if hi - lo <= 1e-12 * hi:
             break
     return lo * (1.0 - 1e-9)
+
+
+def gdp_mu(epsilon: float, delta: float) -> float:
+    """The largest ``mu`` such that a ``mu``-GDP mechanism is (epsilon, delta)-DP.
+
+    ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` (Dong, Roth & Su 2022,
+    Cor. 2.13) is the curve of the Gaussian mechanism with sensitivity mu and unit noise
+    (Balle & Wang 2018), solved by :func:`~.calibration.gaussian_max_sensitivity`; shrunk by a
+    relative 1e-9 so that the solver's tolerance keeps ``delta(eps) <= delta``.
+    """
+    from .calibration import gaussian_max_sensitivity
+
+    return gaussian_max_sensitivity(epsilon, delta) * (1.0 - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -155,9 +174,9 @@ class Ledger:
     delta_z: float | None = None  # zcdp: the delta of the conversion
 
     def __post_init__(self):
-        if self.accountant not in ("basic", "zcdp"):
-            raise ValueError("a ledger's accountant is 'basic' or 'zcdp' (resolve 'auto' "
-                             "first)")
+        if self.accountant not in ("basic", "zcdp", "gdp"):
+            raise ValueError("a ledger's accountant is 'basic', 'zcdp' or 'gdp' (resolve "
+                             "'auto' first)")
         if self.accountant == "zcdp" and self.delta_z is None:
             self.delta_z = ZCDP_DELTA_SHARE * self.delta
 
@@ -169,6 +188,8 @@ class Ledger:
             raise ValueError("ledger entries need non-negative budgets and multiplicity")
         if kind not in ("approx", "pure", "gaussian", "stable"):
             raise ValueError(f"unknown ledger entry kind {kind!r}")
+        if self.accountant == "gdp" and (kind != "gaussian" or zcdp is None):
+            raise ValueError("a gdp ledger holds Gaussian pieces with their rho only")
         entry = LedgerEntry(name, float(epsilon), float(delta), int(multiplicity),
                             sensitivity, note, kind, None if zcdp is None else float(zcdp),
                             float(delta_tv))
@@ -179,8 +200,18 @@ class Ledger:
         """Worst-path sum of the zCDP parameters (zcdp accountant)."""
         return sum(e.multiplicity * e.rho for e in self.entries if e.multiplicity)
 
+    def gdp_mu(self) -> float:
+        """Worst-path GDP parameter ``mu = sqrt(2 sum rho)`` (gdp accountant)."""
+        return math.sqrt(2.0 * self.total_rho())
+
     def total(self) -> tuple[float, float]:
-        """Worst-path (epsilon, delta) of the entries under the ledger's accountant."""
+        """Worst-path (epsilon, delta) of the entries under the ledger's accountant (gdp: delta
+        on the Gaussian curve at the requested epsilon)."""
+        if self.accountant == "gdp":
+            from .calibration import gaussian_delta
+
+            mu = self.gdp_mu()
+            return self.epsilon, (gaussian_delta(1.0, self.epsilon, mu) if mu > 0 else 0.0)
         if self.accountant == "zcdp":
             eps = zcdp_epsilon(self.total_rho(), self.delta_z)
             tv = sum(e.multiplicity * e.delta_tv for e in self.entries)
@@ -220,12 +251,10 @@ class Ledger:
             "requested": {"epsilon": self.epsilon, "delta": self.delta},
             "worst_path_total": {"epsilon": eps, "delta": dlt},
             "accountant": self.accountant,
-            "composition": ("basic (adaptive) over the worst path" if self.accountant == "basic"
-                            else "zCDP over the worst path, converted by dp_accounting's RDP "
-                                 "accountant at delta_z, plus (1 + e^eps) times the "
-                                 "total-variation terms of the stable pieces"),
+            "composition": _COMPOSITION[self.accountant],
             **({"delta_z": self.delta_z, "total_rho": self.total_rho()}
                if self.accountant == "zcdp" else {}),
+            **({"mu": self.gdp_mu()} if self.accountant == "gdp" else {}),
             "entries": [
                 {"name": e.name, "kind": e.kind, "epsilon": e.epsilon, "delta": e.delta,
                  **({"rho": e.zcdp} if e.zcdp is not None else {}),
@@ -234,6 +263,15 @@ class Ledger:
                 for e in self.entries
             ],
         }
+
+
+_COMPOSITION = {
+    "basic": "basic (adaptive) over the worst path",
+    "zcdp": "zCDP over the worst path, converted by dp_accounting's RDP accountant at delta_z, "
+            "plus (1 + e^eps) times the total-variation terms of the stable pieces",
+    "gdp": "Gaussian DP over the worst path: mu^2 = sum of the pieces' squared whitened "
+           "sensitivities, delta(eps) from the Gaussian curve",
+}
 
 
 def log_noise_scale(spend: Spend, gaussian: bool) -> float:

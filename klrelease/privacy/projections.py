@@ -4,7 +4,8 @@
   (Held et al. 1974; Duchi et al. 2008);
 * :func:`round_to_grid`    weights to counts on the grid {n/N : n >= 1, sum n = N}
   (largest remainders);
-* :func:`project_psd`      the Frobenius-nearest symmetric matrix with spectrum >= floor.
+* :func:`project_psd`      the Frobenius-nearest symmetric matrix with spectrum >= floor (and
+  <= a ceiling when given).
 """
 
 from __future__ import annotations
@@ -51,11 +52,15 @@ def round_to_grid(w: np.ndarray, N: int) -> np.ndarray:
     return n
 
 
-def project_psd(S: np.ndarray, floor: float) -> np.ndarray:
-    """Symmetrise and clip the eigenvalues of ``S`` (shape (..., d, d)) at ``floor`` > 0."""
-    if floor <= 0:
+def project_psd(S: np.ndarray, floor, ceiling=None) -> np.ndarray:
+    """Symmetrise and clip the eigenvalues of ``S`` (shape (..., d, d)) at ``floor`` > 0 (and at
+    ``ceiling`` when given); ``floor`` and ``ceiling`` broadcast over the leading axes."""
+    floor = np.asarray(floor, dtype=float)
+    if not np.all(floor > 0):
         raise ValueError("floor must be > 0 (a strictly positive definite result)")
     S = 0.5 * (S + np.swapaxes(S, -1, -2))
     vals, vecs = np.linalg.eigh(S)
-    vals = np.maximum(vals, floor)
+    vals = np.maximum(vals, floor[..., None])
+    if ceiling is not None:
+        vals = np.minimum(vals, np.asarray(ceiling, dtype=float)[..., None])
     return (vecs * vals[..., None, :]) @ np.swapaxes(vecs, -1, -2)

@@ -252,14 +252,21 @@ def noisy_sum_count(Y: np.ndarray, centre: np.ndarray, rho: float, epsilon: floa
                     centre=centre, rho=rho, epsilon=epsilon, delta=delta, sigma=sigma)
 
 
-def symmetric_gaussian(m: int, sigma: float, rng: np.random.Generator) -> np.ndarray:
+def symmetric_gaussian(m: int, sigma: float, rng: np.random.Generator, *,
+                       isometric: bool = False) -> np.ndarray:
     """Symmetric ``m x m`` matrix with i.i.d. ``N(0, sigma^2)`` entries on and above the diagonal.
 
     Adding it to a symmetric statistic of Frobenius sensitivity ``Delta_F`` is the Gaussian
     mechanism on the upper triangle, whose L2 sensitivity is at most ``Delta_F``.
+    With ``isometric=True`` the entries above the diagonal have variance ``sigma^2 / 2``: in the
+    coordinates ``(E_ii, sqrt(2) E_ij)``, ``i < j``, the noise is ``N(0, sigma^2 I)``, so a
+    change ``D`` of the statistic has whitened norm exactly ``||D||_F / sigma`` (the same
+    guarantee with half the off-diagonal variance).
     """
     E = rng.normal(0.0, sigma, size=(m, m))
     U = np.triu(E)
+    if isometric:
+        U = np.diag(np.diag(U)) + np.triu(U, 1) / math.sqrt(2.0)
     return U + np.triu(U, 1).T
 
 

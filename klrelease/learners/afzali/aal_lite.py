@@ -185,14 +185,21 @@ def learn_aal_style(X, n_components: int, *, epsilon: float, delta: float,
                     progress=None) -> LearnResult:
     """Sample-and-aggregate following Afzali et al.'s privacy architecture (no utility claim).
 
-    Public parameters: ``sigma_max`` largest component standard deviation (in the units of
-    the data, required: no default), ``w_mu`` mean-cell width (default ``3 sigma_max``),
-    ``w_l`` log-scale
-    cell width, ``L_F`` shape clip, ``Q`` keys per block, ``r_init`` EM restarts, ``holdout``
-    fraction, ``tau_ll`` likelihood filter (nats/point), ``blocks`` T (default
-    ``min(n // max(100, 15 P), 1000)``, P the number of free parameters), ``accountant``
-    ``basic`` (default), ``zcdp`` or ``auto`` (public inputs only). ``progress``,
-    when callable, is called with 1 after each block's fits.
+    Parameters (all public)
+    -----------------------
+    sigma_max : largest component standard deviation, in the units of the data (required).
+    w_mu : mean-cell width (default ``3 sigma_max``).
+    w_l : log-scale cell width.
+    L_F : shape clip.
+    Q : keys per block.
+    r_init : EM restarts per block.
+    holdout : fraction of a block held out for the likelihood filter.
+    tau_ll : likelihood filter (nats per point).
+    blocks : number of blocks T (default ``min(n // max(100, 15 P), 1000)``, P the number of
+        free parameters).
+    refine : refine the selected candidate with a noisy average (else selection only).
+    accountant : ``basic`` (default), ``zcdp`` or ``auto`` (public inputs only).
+    progress : when callable, called with 1 after each block's fits.
     """
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape

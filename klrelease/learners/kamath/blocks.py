@@ -189,6 +189,7 @@ def good_center_lite(X: np.ndarray, r_tilde: float, budget: dict, rho_f: float,
     (structural randomness), NoisySumCount of the heavy cell around its centre, then
     NoisySumCount of the points within ``rho_f r_tilde`` of that mean. Budget keys ``hist``,
     ``stage1``, ``stage2`` each ``(eps, delta)``; basic composition. Replaces NS18 GoodCenter.
+    Without ``stage2`` in the budget the stage-1 mean is returned (the caller averages next).
     """
     m = X.shape[1]
     s = gamma_s * r_tilde
@@ -205,6 +206,8 @@ def good_center_lite(X: np.ndarray, r_tilde: float, budget: dict, rho_f: float,
     c1, n1 = noisy_sum_count(S1, g, rho1, *budget["stage1"], rng, zcdp=_rho(budget["stage1"]))
     if n1 < 1:
         return None
+    if "stage2" not in budget:
+        return c1
     rho2 = rho_f * r_tilde
     S2 = X[within(X, c1, rho2)]
     p, n2 = noisy_sum_count(S2, c1, rho2, *budget["stage2"], rng, zcdp=_rho(budget["stage2"]))

@@ -16,8 +16,16 @@ __all__ = ["guarantee", "fail", "success", "structure_rng", "structure_seed"]
 
 
 def guarantee(ledger: Ledger, name: str, doc: str) -> Guarantee:
-    """The claim of a learner: the requested (eps, delta) under substitution, n public."""
-    if ledger.accountant == "zcdp":
+    """The claim of a learner: the requested (eps, delta) under substitution, n public (with
+    the Gaussian curve when the ledger is GDP)."""
+    curve = None
+    if ledger.accountant == "gdp":
+        from ...privacy.guarantee import GaussianCurve
+
+        curve = GaussianCurve(ledger.gdp_mu())
+        acct = (f"Gaussian DP over the worst path (accountant gdp): mu = {curve.mu:.6g}, "
+                "delta(eps) on the Gaussian curve")
+    elif ledger.accountant == "zcdp":
         acct = ("zCDP over the worst path (accountant zcdp, chosen from public inputs before "
                 "the data is read): rho converted to (eps, delta_z) by dp_accounting's RDP "
                 "accountant, plus (1 + e^eps) times the stable pieces' total-variation terms")
@@ -37,6 +45,7 @@ def guarantee(ledger: Ledger, name: str, doc: str) -> Guarantee:
         reasons=(f"proof: {doc}",
                  f"worst-path ledger (accountant {ledger.accountant}) in diagnostics"),
         accounting=acct,
+        curve=curve,
     )
 
 

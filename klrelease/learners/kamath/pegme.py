@@ -110,12 +110,17 @@ def learn_pegme(X, n_components: int, *, epsilon: float, delta: float,
                 progress: bool = False) -> LearnResult:
     """Kamath et al. warm-up PEGME (spherical components of equal weight).
 
-    Parameters (all public): ``sigma_min`` smallest component standard deviation (in the
-    units of the data, required: no default), ``kappa``
-    bound on the variance ratio, ``beta`` failure probability (thresholds only), ``inflate``
-    the factor from the located radius to the removal radius (paper ``4 sqrt(3)``; privacy
-    neutral, K19), ``accountant`` ``basic`` (default), ``zcdp`` or ``auto``. The model
-    places the means within ``Lambda = 2 k sqrt(d) kappa sigma_min`` of the origin.
+    The model places the means within ``Lambda = 2 k sqrt(d) kappa sigma_min`` of the origin.
+
+    Parameters (all public)
+    -----------------------
+    sigma_min : smallest component standard deviation, in the units of the data (required).
+    kappa : bound on the ratio of the components' variances.
+    beta : failure probability (thresholds only).
+    inflate : factor from the located radius to the removal radius (paper ``4 sqrt(3)``;
+        privacy neutral, K19).
+    accountant : ``basic`` (default), ``zcdp`` or ``auto`` (public inputs only).
+    progress : a progress bar over the ball counts.
     """
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape

@@ -170,13 +170,19 @@ def learn_salite(X, n_components: int, *, epsilon: float, delta: float,
                  accountant: str = "basic", progress=None) -> LearnResult:
     """Kamath et al. sample-and-aggregate, practical (SA-lite).
 
-    Public parameters: ``R`` bound on the mean norms (block means are clipped to it),
-    ``sigma_min``, ``sigma_max`` standard-deviation bounds (these three in the units of the
-    data, required: no default), ``alpha`` weight-bin width times
-    k, ``block_size`` (default ``max(30, 10 k (d + 1))``), ``agree`` the fraction of blocks the
-    radius query targets (``t = ceil(agree m)``), ``n_init`` EM restarts per block,
-    ``accountant`` ``basic`` (default), ``zcdp`` or ``auto`` (public inputs only).
-    ``progress``, when callable, is called with 1 after each block's fit.
+    Parameters (all public)
+    -----------------------
+    R : bound on the mean norms, in the units of the data (required; block means are
+        clipped to it).
+    sigma_min, sigma_max : bounds on the component standard deviations, in the units of the
+        data (required).
+    alpha : weight-bin width times k.
+    beta : failure probability (thresholds only).
+    block_size : rows per block (default ``max(30, 10 k (d + 1))``).
+    agree : the fraction of blocks the radius query targets (``t = ceil(agree m)``).
+    n_init : EM restarts per block.
+    accountant : ``basic`` (default), ``zcdp`` or ``auto`` (public inputs only).
+    progress : when callable, called with 1 after each block's fit.
     """
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape

@@ -170,7 +170,16 @@ def _block_mean(rows: np.ndarray, seed=None) -> np.ndarray:
 def ppme_gaussian(X: np.ndarray, n_components: int, *, epsilon: float, delta: float,
                   rng: np.random.Generator, preconditioner: str = "ppme", beta: float = 0.1,
                   a_pre: float = 0.25, s_pre: int | None = None, progress=None) -> LearnResult:
-    """Private unbounded Gaussian by the staged PPME pipeline (see the module docstring)."""
+    """Private unbounded Gaussian by the staged PPME pipeline (see the module docstring).
+
+    Parameters (all public)
+    -----------------------
+    preconditioner : ``ppme`` (a PPME covariance preconditioner) or ``identity``.
+    beta : failure probability of the clipping radii.
+    a_pre : the preconditioner's accuracy parameter.
+    s_pre : rows per block of the preconditioner (default from the budget).
+    progress : when callable, called with 1 after each block.
+    """
     if n_components != 1:
         raise ValueError("ppme-gaussian learns one Gaussian: n_components must be 1")
     N, d = X.shape

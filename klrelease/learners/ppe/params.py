@@ -214,11 +214,16 @@ def run_params_ppe(X: np.ndarray | None, learner, cfg: ParamsConfig, rng: np.ran
                t=cfg.t, rng=rng, outputs=outputs, progress=progress)
 
 
-def fail_reason(outcome: PopulousOutcome) -> str:
-    """The public sentence of a failed popularity test."""
+def fail_reason(outcome: PopulousOutcome, predicted_n: float | None = None) -> str:
+    """The public sentence of a failed popularity test (with the N from which an oracle block
+    learner passes, when given)."""
     p = outcome.public
-    return (f"the noisy fraction of close block pairs fell below {p['pass_threshold']:.4g} "
-            f"(0.8 + TLap bound {p['tlap_bound']:.3g}); t={p['blocks']} blocks, closeness "
-            f"threshold tau={p['closeness_threshold']:.3g}")
+    out = (f"the noisy fraction of close block pairs fell below {p['pass_threshold']:.4g} "
+           f"(0.8 + TLap bound {p['tlap_bound']:.3g}); t={p['blocks']} blocks, closeness "
+           f"threshold tau={p['closeness_threshold']:.3g}")
+    if predicted_n is not None:
+        out += (f"; an oracle block learner passes from about N={predicted_n:.3g} "
+                "(experiments/ppe_regimes)")
+    return out
 
 
