@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["vech", "unvech"]
+__all__ = ["vech", "unvech", "precision_combine"]
 
 
 def vech(S: np.ndarray, *, isometric: bool = False) -> np.ndarray:
@@ -34,3 +34,15 @@ def unvech(v: np.ndarray, d: int, *, isometric: bool = False) -> np.ndarray:
     out[..., iu[0], iu[1]] = v
     out[..., iu[1], iu[0]] = v
     return out
+
+
+def precision_combine(m1, C1, m2, C2):
+    """Precision-weighted combination of two independent estimates ``(m1, C1)`` and
+    ``(m2, C2)`` of the same means, batched over a leading axis: ``(m, C)`` with
+    ``C = (C1^+ + C2^+)^+``."""
+    A1 = np.linalg.pinv(C1, hermitian=True)
+    A2 = np.linalg.pinv(C2, hermitian=True)
+    C = np.linalg.pinv(A1 + A2, hermitian=True)
+    m = np.einsum("kij,kj->ki", C, np.einsum("kij,kj->ki", A1, m1)
+                  + np.einsum("kij,kj->ki", A2, m2))
+    return m, 0.5 * (C + np.swapaxes(C, -1, -2))

@@ -34,7 +34,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.stats import chi2, norm
 
-from ...mechanisms.kl_certified.design import _combine  # precision-weighted combination
+from ...linalg import precision_combine
 from ...privacy.ledger import Ledger, gdp_mu
 from ...privacy.projections import project_psd, project_simplex
 
@@ -441,7 +441,7 @@ def merge(history: list[Estimate], level: float = 0.999) -> tuple[Estimate, int]
         qw = (est.weights - acc.weights) ** 2 / (est.weight_var + acc.weight_var)
         if not (np.all(q <= m_crit) and np.all(qw <= w_crit)):
             break
-        means, mean_cov = _combine(acc.means, acc.mean_cov, est.means, est.mean_cov)
+        means, mean_cov = precision_combine(acc.means, acc.mean_cov, est.means, est.mean_cov)
         pw_a, pw_e = 1.0 / acc.weight_var, 1.0 / est.weight_var
         weights = (acc.weights * pw_a + est.weights * pw_e) / (pw_a + pw_e)
         covs, cov_var = acc.covs, acc.cov_var
@@ -462,7 +462,7 @@ def update(design: Design, model: Model, reg: Regions, noise: Noise, est: Estima
     k, d = design.k, design.d
     # a component with few rows keeps most of its previous mean: the estimate is combined
     # with the previous mean, known to within its noise plus the component's spread
-    means, centre_cov = _combine(est.means, est.mean_cov, model.means,
+    means, centre_cov = precision_combine(est.means, est.mean_cov, model.means,
                                  model.centre_cov + model.covs)
     covs = np.empty((k, d, d))
     for j in range(k):

@@ -34,7 +34,7 @@ import numpy as np
 from scipy.special import gammaln
 from scipy.stats import chi2
 
-from ...linalg import vech
+from ...linalg import precision_combine, vech
 from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.projections import project_simplex
 from ...statistics import affine_rows, clip_to_norm
@@ -696,16 +696,6 @@ def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: 
 # ------------------------------------------------------------------------- post-processing
 
 
-def _combine(m1, C1, m2, C2):
-    """Precision-weighted combination of two independent estimates (batched)."""
-    A1 = np.linalg.pinv(C1, hermitian=True)
-    A2 = np.linalg.pinv(C2, hermitian=True)
-    C = np.linalg.pinv(A1 + A2, hermitian=True)
-    m = np.einsum("kij,kj->ki", C, np.einsum("kij,kj->ki", A1, m1)
-                  + np.einsum("kij,kj->ki", A2, m2))
-    return m, 0.5 * (C + np.swapaxes(C, -1, -2))
-
-
 def released_weights(counts, N: int, K: int) -> np.ndarray:
     """Mixture weights from released counts: projected onto the simplex with every weight at
     least ``1 / (2 max(N, K))`` (a public floor below ``1 / K``, so the projection exists for
@@ -758,7 +748,7 @@ def _first_round(pub: PublicInputs, output: dict, first: dict):
     n, reg, noise = first["n"], first["regions"], first["noise"]
     S1, S2, corr = _corrected(pub, reg, first["resp"], output, "")
     m2, C2 = _region_means(reg, noise, n, S1, d, corr)
-    means, Cm = _combine(first["m1"], first["C1"], m2, C2)
+    means, Cm = precision_combine(first["m1"], first["C1"], m2, C2)
     P = _pooled(pub, output, n, means, Cm, first["m1"])
     shapes = public_shapes(pub, responsibilities(pub, n, means, P), means, P)
     # the public class shape is the target of a class whose second moments were released;
@@ -827,7 +817,7 @@ def estimate(pub: PublicInputs, output: dict) -> tuple[np.ndarray, np.ndarray, n
         n, reg, noise = second["n"], second["regions"], second["noise"]
         S1, S2, corr = _corrected(pub, reg, first["resp"], output, "_2")
         m3, C3 = _region_means(reg, noise, n, S1, d, corr)
-        means, _ = _combine(second["means"], second["means_cov"], m3, C3)
+        means, _ = precision_combine(second["means"], second["means_cov"], m3, C3)
         target = reg.W @ second["covs"] @ reg.W
         covs = np.stack([reg.W_inv[k] @ class_covariance(pub, noise, n, S1, S2, target[k], k,
                                                          corr)
