@@ -32,6 +32,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 D, K = 10, 10
 ROWS_PER_FILE = 1_000_000
+BOX = ([-20.0] * D, [20.0] * D)
 
 
 def generate(n: int, cache: Path) -> Path:
@@ -67,6 +68,8 @@ def measure(folder: str, path: str, mechanisms=("kl-certified", "kl-paper")) -> 
     from klrelease.stream import DaskSource, ParquetSource
 
     src = ParquetSource(folder, "label", classes=list(range(K)))
+    # replace-one needs a public bound: a box about 1.3 times the generated rows' range
+    boxed = ParquetSource(folder, "label", classes=list(range(K)), bounds=BOX)
     client = cluster = None
     if path == "dask":
         import dask.dataframe as dd
@@ -77,6 +80,8 @@ def measure(folder: str, path: str, mechanisms=("kl-certified", "kl-paper")) -> 
         client = distributed.Client(cluster)
         ddf = dd.read_parquet([str(p) for p in src.paths])
         src = DaskSource(ddf, label_column="label", classes=list(range(K)), client=client)
+        boxed = DaskSource(ddf, label_column="label", classes=list(range(K)), client=client,
+                           bounds=BOX)
     read = np.inf
     for rep in range(2):  # the first pass also warms up the reader: the faster of two
         t0 = time.perf_counter()
@@ -97,14 +102,17 @@ def measure(folder: str, path: str, mechanisms=("kl-certified", "kl-paper")) -> 
         return reduce(self, *args, **kwargs)
 
     type(src).reduce = counted
-    for mech in mechanisms:
+    for name in mechanisms:
+        mech, _, relation = name.partition("/")
+        kw = {"adjacency": relation} if relation else {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             passes[0] = 0
             t0 = time.perf_counter()
-            klrelease.release(src, None, mechanism=mech, epsilon=1.0, delta=1e-6, seed=0)
-            out[mech] = time.perf_counter() - t0
-            out[mech + " passes"] = passes[0]
+            klrelease.release(boxed if relation == "replace-one" else src, None,
+                              mechanism=mech, epsilon=1.0, delta=1e-6, seed=0, **kw)
+            out[name] = time.perf_counter() - t0
+            out[name + " passes"] = passes[0]
     type(src).reduce = reduce
     if client is not None:
         client.close()
@@ -122,7 +130,10 @@ def main() -> None:
     ap.add_argument("--n", nargs="+", type=float, default=[1e6, 1e7])
     ap.add_argument("--paths", nargs="+", default=["embedded", "dask"])
     ap.add_argument("--cache", type=Path, default=Path("/tmp/klrelease-bench-stream"))
-    ap.add_argument("--mechanisms", nargs="+", default=["kl-certified", "kl-paper"])
+    ap.add_argument("--mechanisms", nargs="+",
+                    default=["kl-certified", "kl-certified/replace-one", "kl-paper"],
+                    help="NAME or NAME/ADJACENCY (replace-one reads the files with a public "
+                         "box of +-20 per feature)")
     ap.add_argument("--dask-max-n", type=float, default=1e7,
                     help="largest N run on the Dask LocalCluster too")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
@@ -131,9 +142,9 @@ def main() -> None:
         folder, path, mechs = args.worker
         print(json.dumps(measure(folder, path, mechs.split(","))))
         return
-    mechs = [m for m in args.mechanisms if klrelease_streams(m)]
+    mechs = [m for m in args.mechanisms if klrelease_streams(m.partition("/")[0])]
     lines = [
-        "# Streamed releases (d = 10, K = 10, label flip, Parquet)",
+        "# Streamed releases (d = 10, K = 10, Parquet, epsilon = 1, delta = 1e-6)",
         "",
         "Produced by `python benchmarks/bench_stream.py --n "
         + " ".join(f"{n:g}" for n in args.n)
@@ -141,9 +152,12 @@ def main() -> None:
         f" the Dask path up to N = {args.dask_max_n:g}). read = one pass reading and"
         " validating every chunk, accumulating nothing; floor = one pass reading every file"
         " and accumulating per-class counts, means and centred scatters; then each release"
-        " from the same files in the same process; passes = how many times the release read"
-        " the data (kl-certified under label flip: the features with the row sample, stage A,"
-        " stage C; kl-paper: the class statistics, then one per round of scoring every row);"
+        " from the same files in the same process (label flip unless the column says"
+        " replace-one, then with the public box +-20 per feature); passes = how many times the"
+        " release read the data (kl-certified: the first pass, which validates every row and"
+        " keeps a labelled sample of 2^18 rows chosen by their index, then the last stage-C"
+        " round; the earlier stages read the sample in memory; kl-paper: the class statistics,"
+        " then one per round of scoring every row);"
         " x = release / floor; x read = release / read (a release of p passes takes at least"
         " p reads); peak = peak resident memory of the process (files, interpreter and, for"
         " dask, the in-process cluster); dask / embedded = the dask release time over the"
@@ -195,18 +209,22 @@ def klrelease_streams(name: str) -> bool:
 
 MODEL = """## N = 1e10 on n workers (a model on paper)
 
-A kl-certified release reads the data 3 times, under label flip (the features with the row
-sample, stage A, stage C) and under replace-one (stage A, B, C). Each pass is embarrassingly
-parallel: a worker reads its partitions and reduces each to K x d x d + K x d + K numbers
-(1110 float64 at d = K = 10, about 9 kB; in the first pass under label flip, d x d + d + 1
-numbers and the partition's row sample, at most 65536 rows, about 5 MB). Partial results are
-merged pairwise on the workers (a tree of depth log2 p for p partitions), so the driver
-receives one merged result per pass, whatever p. The driver sends the workers only the
-per-row map (frame, released centres and shapes: K d^2 numbers), never noise. Per worker, a
-pass costs (1e10 / n) rows x (read + accumulate) plus log2 p merges of 9 kB (the samples:
-5 MB each). So with a floor of F seconds per 1e8 rows on one core and a release / floor
-ratio x (both measured above, embedded), a release of 1e10 rows on n = 100 workers takes
-about x F seconds plus the driver's design (under a second), bounded by reading.
+A kl-certified release of more than 2^18 rows reads the data twice, under both relations: the
+first pass validates every row and label and keeps the labelled sample of 2^18 rows chosen by
+their index (under label flip it also reads the features' count, mean and scatter); the
+locating rounds, stages A and B and the first of two stage-C rounds read that sample in
+memory on the driver; the last stage-C round passes over every row. Each pass is
+embarrassingly parallel: a worker reads its partitions and reduces each to K x d x d + K x d
++ K numbers (1110 float64 at d = K = 10, about 9 kB); in the first pass, the partition's
+sample of at most 2^18 rows with their labels (about 23 MB at d = 10) and, under label flip,
+its d x d + d + 1 pooled numbers and its 2^16-row feature sample. Partial results are merged
+pairwise on the workers (a tree of depth log2 p for p partitions), so the driver receives one
+merged result per pass, whatever p. The driver sends the workers only the per-row map (frame,
+released centres and shapes: K d^2 numbers), never noise. Per worker, a pass costs (1e10 / n)
+rows x (read + accumulate) plus log2 p merges (9 kB; the samples: 23 MB each). So with a
+floor of F seconds per 1e8 rows on one core and a release / floor ratio x (both measured
+above, embedded), a release of 1e10 rows on n = 100 workers takes about x F seconds plus the
+driver's design on the sample (about a second at d = 10), bounded by reading.
 """
 
 

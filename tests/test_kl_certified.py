@@ -466,3 +466,44 @@ def test_tiny_scales_with_a_constant_feature_release_a_valid_model(design):
     for eps in (1.0, 100.0):
         rel = kr.release(X, y, epsilon=eps, delta=1e-5, classes=[0, 1, 2], design=design)
         np.linalg.cholesky(rel.gmm.covariances)
+
+
+@pytest.mark.parametrize("relation", ["label-flip", "replace-one"])
+def test_stages_read_on_a_sample_stay_within_their_sensitivity(relation, monkeypatch):
+    """Brute force on streamed data with more rows than the early stages' sample: the stages
+    that read the sample (scaled, with their noise) and the last stage-C round that reads
+    every row each move by at most their public whitened sensitivity, for a changed record
+    inside the sample and outside it."""
+    from klrelease.stream import ArraySource
+    from klrelease.stream.sample import sample_indices
+
+    monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", 500)
+    X, y, box = _loose_box_data()
+    extra = {"bounds": box} if relation == "replace-one" else {}
+
+    def source(X, y):
+        return ArraySource(X, y, classes=[0, 1, 2], chunk_rows=211, **extra)
+
+    kw = dict(epsilon=30.0, delta=1e-5, adjacency=relation, design="gaussian")
+    p = kr.plan(source(X, y), None, **kw)
+    assert p.public.sample_scale == X.shape[0] / 500
+    inside = set(sample_indices(X.shape[0], 500).tolist())
+    rng = np.random.default_rng(3)
+    worst, sampled_round = None, False
+    for trial in range(12):
+        out = p.sample(rng)
+        first = design.stage_c_design(p.working(out), out)
+        sampled_round |= first["scale"] > 1
+        pool = sorted(inside) if trial % 2 else sorted(set(range(X.shape[0])) - inside)
+        n = int(rng.choice(pool))
+        X2, y2 = X.copy(), y.copy()
+        y2[n] = (y2[n] + 1 + trial % 2) % 3
+        if relation == "replace-one":
+            X2[n] = box[0] if trial % 4 == 1 else rng.uniform(*box)
+        q = kr.plan(source(X2, y2), None, **kw)
+        got, allowed = _stage_sensitivities(p, q, out)
+        ratio = got / np.where(allowed > 0, allowed, 1.0)
+        worst = ratio if worst is None else np.maximum(worst, ratio)
+    assert sampled_round  # a first stage-C round read the sample
+    assert np.all(worst <= 1 + 1e-9), worst
+    assert worst[-1] > 0.2 and worst[-2] > 0.05  # the rounds are exercised

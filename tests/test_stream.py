@@ -533,3 +533,65 @@ def test_a_release_leaves_the_callers_source_as_it_was():
     t = as_source(src, classes=CLASSES, bounds=(-50.0, 50.0))
     assert t is not src and t.classes_declared and t.bounds == (-50.0, 50.0)
     assert not src.classes_declared and src.classes is None and src.bounds is None
+
+
+def _counted(source_cls):
+    class Counted(source_cls):
+        passes = 0
+
+        def chunks(self):
+            type(self).passes += 1
+            yield from super().chunks()
+
+    return Counted
+
+
+@pytest.mark.parametrize("adjacency", ["label-flip", "replace-one"])
+def test_early_stages_read_a_labelled_sample_and_every_row_is_read_twice(adjacency,
+                                                                          monkeypatch):
+    """More rows than the early stages' sample: two passes over the rows (the first validates
+    every row and keeps the sample; the last stage-C round), and the release stays close to
+    the one whose every stage reads every row."""
+    from klrelease.kl import kl_divergence
+
+    X, y = _data(n=20_000, d=3, offset=20.0)
+    extra = {"bounds": (X.min(0) - 5.0, X.max(0) + 5.0)} if adjacency == "replace-one" else {}
+    fit = klrelease.fit_gmm(X, y)
+    ref = klrelease.GMM(fit.weights, fit.means, fit.covariances, tuple(CLASSES))
+    kw = dict(epsilon=1.0, delta=1e-6, classes=CLASSES, adjacency=adjacency, design="gaussian",
+              **extra)
+    kls = {}
+    for rows in (1 << 18, 2000):
+        monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", rows)
+        Counted = _counted(ArraySource)
+        out = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for seed in range(4):
+                Counted.passes = 0
+                r = klrelease.release(Counted(X, y, chunk_rows=1500), None, seed=seed, **kw)
+                out.append(kl_divergence(ref, r.gmm))
+                if rows == 2000:
+                    assert Counted.passes == 2
+                else:  # stage A (and, under replace-one, more) pass over every row too
+                    assert Counted.passes >= 3
+        kls[rows] = float(np.mean(out))
+        if rows == 2000:
+            assert r.options["early_stages"] == "a sample of 2000 of the 20000 rows, chosen by " \
+                                                "their index"
+    assert kls[2000] < 3 * kls[1 << 18] + 1e-3, kls
+
+
+def test_labelled_row_sample_keeps_each_rows_label():
+    X, y = _data(n=5000, d=2)
+    codes = np.asarray(y) % 3
+    parts = [RowSample.of(X[a:a + 700], a, 600, codes[a:a + 700]) for a in range(0, 5000, 700)]
+    acc = parts[-1]
+    for p in parts[:-1]:
+        acc = acc.merge(p)
+    rows, got = acc.labelled()
+    from klrelease.stream.sample import sample_indices
+
+    idx = sample_indices(5000, 600)
+    np.testing.assert_array_equal(rows, X[idx])
+    np.testing.assert_array_equal(got, codes[idx])

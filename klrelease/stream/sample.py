@@ -9,18 +9,34 @@ are sampled like any other), not on the chunking or the partitioning (so in-memo
 and Dask reads select the same rows), and it is one bounded-memory pass (keep the lowest
 priorities of each chunk, merge).
 
-The rows it keeps are values of the data: it is for public features only (label flip), where
-the order of the rows is public too.
+The rows it keeps are values of the data: without labels it is for public features only
+(label flip), where the order of the rows is public too. With their labels (``codes``) it is
+private, like the rows: a streamed release's early stages read it in memory instead of passing
+over every row again (:func:`stage_rows`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RowSample", "row_priorities", "sample_indices", "sample_rows", "SAMPLE_ROWS"]
+__all__ = ["RowSample", "row_priorities", "sample_indices", "sample_rows", "stage_rows",
+           "SAMPLE_ROWS", "STAGE_ROWS", "STAGE_VALUES"]
 
 #: Rows kept by the sample (a public constant: 2^16, about 5 MB at d = 10).
 SAMPLE_ROWS = 1 << 16
+
+#: Most rows, and most values (rows x features, 256 MB of float64), of the labelled sample
+#: that a streamed release's early stages read (:func:`stage_rows`): public constants.
+STAGE_ROWS = 1 << 18
+STAGE_VALUES = 1 << 25
+
+
+def stage_rows(n_features: int) -> int:
+    """The size of the labelled sample of a streamed release's early stages at ``d`` features:
+    ``STAGE_ROWS``, or fewer so that it holds at most ``STAGE_VALUES`` values (at least
+    ``4 d`` rows). A data set of at most this many rows is read whole by every stage."""
+    d = max(int(n_features), 1)
+    return int(max(min(STAGE_ROWS, STAGE_VALUES // d), 4 * d))
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -38,37 +54,85 @@ def row_priorities(offset: int, n: int) -> np.ndarray:
 
 
 class RowSample:
-    """The ``size`` rows of lowest priority seen so far (merge in any order)."""
+    """The ``size`` rows of lowest priority seen so far (merge in any order).
 
-    __slots__ = ("size", "priorities", "rows")
+    Rows are kept in parts and consolidated (the ``size`` lowest priorities kept) once the
+    parts hold twice ``size`` rows; after that, a merged row whose priority is above the
+    largest kept one can never be among the ``size`` lowest and is dropped at once, so that
+    a long pass copies few rows."""
 
-    def __init__(self, size: int, priorities: np.ndarray, rows: np.ndarray):
-        self.size, self.priorities, self.rows = int(size), priorities, rows
+    __slots__ = ("size", "parts", "n", "cut")
+
+    def __init__(self, size: int, priorities: np.ndarray, rows: np.ndarray,
+                 codes: np.ndarray | None = None):
+        self.size = int(size)
+        self.parts = [(priorities, rows, codes)] if priorities.size else []
+        self.n = int(priorities.size)
+        self.cut = None  # the largest kept priority once ``size`` rows were kept
 
     @classmethod
-    def of(cls, X: np.ndarray, offset: int, size: int | None = None) -> RowSample:
-        """The sample of the rows ``X``, the first of which is row ``offset`` of the data."""
+    def of(cls, X: np.ndarray, offset: int, size: int | None = None,
+           codes: np.ndarray | None = None) -> RowSample:
+        """The sample of the rows ``X`` (with their class ``codes``, if given), the first of
+        which is row ``offset`` of the data. Trimmed at once only when ``X`` holds more than
+        four times ``size`` rows (a large partition); a chunk is trimmed when merged."""
         X = np.asarray(X, dtype=np.float64)
-        return cls(SAMPLE_ROWS if size is None else size,
-                   row_priorities(offset, X.shape[0]), X).trim()
+        size = SAMPLE_ROWS if size is None else int(size)
+        out = cls(size, row_priorities(offset, X.shape[0]), X, codes)
+        return out.trim() if X.shape[0] > 4 * size else out
+
+    def _consolidate(self) -> None:
+        if len(self.parts) > 1:
+            p = np.concatenate([q[0] for q in self.parts])
+            X = np.concatenate([q[1] for q in self.parts])
+            c = None if self.parts[0][2] is None else np.concatenate([q[2] for q in self.parts])
+            self.parts = [(p, X, c)]
+
+    def _take(self, idx: np.ndarray) -> None:
+        p, X, c = self.parts[0]
+        self.parts = [(p[idx], X[idx], None if c is None else c[idx])]
 
     def trim(self) -> RowSample:
-        if self.rows.shape[0] > self.size:
-            keep = np.argpartition(self.priorities, self.size - 1)[: self.size]
-            self.priorities, self.rows = self.priorities[keep], self.rows[keep]
+        """Keep the ``size`` lowest priorities (when there are more)."""
+        if self.n > self.size:
+            self._consolidate()
+            self._take(np.argpartition(self.parts[0][0], self.size - 1)[: self.size])
+            self.n = self.size
+            self.cut = self.parts[0][0].max()
         return self
 
     def merge(self, other: RowSample) -> RowSample:
-        """The rows of both (trimmed to ``size`` once they hold four times as many: the lowest
-        priorities are kept either way, and fewer trims are cheaper)."""
-        out = RowSample(self.size, np.concatenate([self.priorities, other.priorities]),
-                        np.concatenate([self.rows, other.rows]))
-        return out.trim() if out.rows.shape[0] > 4 * self.size else out
+        """The rows of both."""
+        out = RowSample(self.size, np.empty(0, np.uint64), np.empty((0, 0)))
+        cuts = [c for c in (self.cut, other.cut) if c is not None]
+        cut = min(cuts) if cuts else None
+        for q in (*self.parts, *other.parts):
+            if cut is not None:
+                keep = q[0] <= cut
+                if not keep.all():
+                    q = (q[0][keep], q[1][keep], None if q[2] is None else q[2][keep])
+            if q[0].size:
+                out.parts.append(q)
+                out.n += int(q[0].size)
+        out.cut = cut
+        return out.trim() if out.n > 2 * self.size else out
+
+    def _sorted(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        self.trim()
+        if not self.parts:
+            return np.empty(0, np.uint64), np.empty((0, 0)), None
+        self._consolidate()
+        self._take(np.argsort(self.parts[0][0]))
+        return self.parts[0]
 
     def values(self) -> np.ndarray:
         """The kept rows in priority order."""
-        self.trim()
-        return self.rows[np.argsort(self.priorities)]
+        return self._sorted()[1]
+
+    def labelled(self) -> tuple[np.ndarray, np.ndarray]:
+        """The kept rows and their class codes, in priority order."""
+        _, X, c = self._sorted()
+        return X, c
 
 
 def sample_indices(n: int, size: int | None = None) -> np.ndarray:

@@ -177,18 +177,32 @@ class Source:
         """
         return self.scan(_ChunkMoments(len(self.resolve_classes()), f), _merge_moments, None)
 
-    def pooled_and_sample(self, size: int | None = None, *, check_labels: bool = False
-                          ) -> tuple[ClassMoments, np.ndarray]:
+    def pooled_and_sample(self, size: int | None = None, *, check_labels: bool = False,
+                          labelled: int | None = None):
         """One pass over the features: the count, mean and centred scatter of all rows (as
         one class), and the :mod:`~klrelease.stream.sample` of ``size`` rows (default
         :data:`~klrelease.stream.sample.SAMPLE_ROWS`) chosen by their index. For public
         features only (label flip). The labels are not used; with ``check_labels`` every one
-        is validated (among the declared classes) in the same pass, before any noise."""
-        classes = self.resolve_classes() if check_labels else None
+        is validated (among the declared classes) in the same pass, before any noise. With
+        ``labelled``, the labels are validated too and two more values are returned (private):
+        the class counts (K,) and the sample of ``labelled`` rows with their class codes,
+        ``(rows, codes)`` in priority order."""
+        classes = self.resolve_classes() if check_labels or labelled else None
         self.resolve_classes()
-        m, s = self.reduce(_PooledSample(self.n_features, size, classes), _merge_pairs, None,
-                           indexed=True)
-        return m, s.values()
+        out = self.reduce(_PooledSample(self.n_features, size, classes, labelled),
+                          _merge_pairs, None, indexed=True)
+        if labelled is None:
+            return out[0], out[1].values()
+        return out[0], out[1].values(), out[2], out[3].labelled()
+
+    def counts_and_sample(self, size: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """One pass: the class counts (K,) and the sample of ``size`` rows chosen by their
+        index, with their class codes ``(rows, codes)`` in priority order (private). Validates
+        every chunk like :meth:`moments`."""
+        K = self.resolve_classes()
+        counts, sample = self.reduce(_CountsSample(self.n_features, K, int(size)), _merge_pairs,
+                                     None, indexed=True)
+        return counts, sample.labelled()
 
     def bounded_moments(self, fn: Callable[[np.ndarray, int], np.ndarray]
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -326,10 +340,27 @@ class _PooledSample:
     d: int
     size: int | None
     classes: tuple | None = None  # validate the labels too
+    labelled: int | None = None  # and keep a sample of this many rows with their labels
 
     def __call__(self, X, y, offset):
-        X = _chunk(X, y, self.d, self.classes)[0]
-        return pooled_moments(X), RowSample.of(X, offset, self.size)
+        X, codes = _chunk(X, y, self.d, self.classes)
+        out = (pooled_moments(X), RowSample.of(X, offset, self.size))
+        if self.labelled is None:
+            return out
+        return (*out, np.bincount(codes, minlength=len(self.classes)).astype(float),
+                RowSample.of(X, offset, self.labelled, codes))
+
+
+@dataclass(frozen=True)
+class _CountsSample:
+    d: int
+    classes: tuple
+    size: int
+
+    def __call__(self, X, y, offset):
+        X, codes = _chunk(X, y, self.d, self.classes)
+        return (np.bincount(codes, minlength=len(self.classes)).astype(float),
+                RowSample.of(X, offset, self.size, codes))
 
 
 def _merge_moments(a, b):
@@ -337,7 +368,12 @@ def _merge_moments(a, b):
 
 
 def _merge_pairs(a, b):
-    return b if a is None else (a[0].merge(b[0]), a[1].merge(b[1]))
+    """Merge tuples of :class:`~klrelease.stream.moments.ClassMoments`, row samples and
+    arrays (added)."""
+    if a is None:
+        return b
+    return tuple(u.merge(v) if hasattr(u, "merge") else u + v
+                 for u, v in zip(a, b, strict=True))
 
 
 def _merge_range(a, b):

@@ -254,6 +254,11 @@ class PublicInputs:
     located: object = None
     #: replace-one: the bound's per-feature interval in its frame, (lower, upper)
     bound_window: tuple | None = None
+    #: streamed from a source of more than ``STAGE_ROWS`` rows that reads whole units: all
+    #: rows over the rows of the public subset that the locating rounds, stages A and B and
+    #: the first of two stage-C rounds read; their statistics and noise are both scaled by it
+    #: (1: every stage reads every row)
+    sample_scale: float = 1.0
 
     @property
     def label_flip(self) -> bool:
@@ -270,7 +275,7 @@ class PublicInputs:
     @property
     def locate_sd(self) -> float:
         """Noise sd of a locating histogram's counts (two rounds of equal share)."""
-        return locate_sd(self.budget, self.n_features)
+        return self.sample_scale * locate_sd(self.budget, self.n_features)
 
 
     @property
@@ -286,13 +291,13 @@ class PublicInputs:
 
     @property
     def sums_sd(self) -> float:
-        return float(self.sums_factor * self.radius / self.budget.sums)
+        return float(self.sample_scale * self.sums_factor * self.radius / self.budget.sums)
 
     @property
     def scatter_sd(self) -> float:
         if self.budget.scatter <= 0:
             return float("inf")
-        return float(np.sqrt(2.0) * self.radius**2 / self.budget.scatter)
+        return float(self.sample_scale * np.sqrt(2.0) * self.radius**2 / self.budget.scatter)
 
 
 def locate_sd(budget: Budget, d: int) -> float:
@@ -551,6 +556,10 @@ class ClassNoise:
     shares: np.ndarray  # (K,) t_k
     radius: np.ndarray  # (K,) r_k
 
+    def scaled(self, c: float) -> ClassNoise:
+        """The same noise on statistics multiplied by ``c`` (a public subset's, scaled)."""
+        return replace(self, mean_sd=c * self.mean_sd, cov_sd=c * self.cov_sd)
+
     def sensitivity_sq(self, pub: PublicInputs) -> np.ndarray:
         """Per class: ``t_k = f r_k^2 / mean_sd^2 + r_k^4 / cov_sd^2`` with ``f`` 1 (label
         flip) or 2 (replace-one: a within-class replacement moves the sum by up to ``2 r_k``).
@@ -732,13 +741,18 @@ def stage_c_design(pub: PublicInputs, output: dict) -> dict:
     n, m1, C1 = centres(pub, output["counts"], output["sums"])
     P = _pooled(pub, output, n, m1, C1, m1, cover=False)
     shares = round_shares(pub, n)
-    noise = class_noise(pub, n, shares[0], pub.settings["prior_divergence"] * pub.n_features)
+    # the first of two rounds reads the public subset (statistics and noise scaled by c):
+    # designed for the counts it holds, about n / c; a single round reads every row
+    c = pub.sample_scale if len(shares) > 1 else 1.0
+    noise = class_noise(pub, n / c, shares[0], pub.settings["prior_divergence"] * pub.n_features)
+    if c != 1.0:
+        noise = noise.scaled(c)
     # first-round regions are shaped by the pooled covariance (the public class shapes, from
     # the rough stage-A model, cost more than they save here); they serve as shrinkage targets
     reg = regions(pub, m1, C1, P, noise.radius)
     resp = responsibilities(pub, n, m1, P)
     return {"n": n, "m1": m1, "C1": C1, "pooled": P, "regions": reg, "noise": noise,
-            "shares": shares, "resp": resp}
+            "shares": shares, "resp": resp, "scale": c}
 
 
 def _first_round(pub: PublicInputs, output: dict, first: dict):

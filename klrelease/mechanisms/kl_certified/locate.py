@@ -31,7 +31,7 @@ import numpy as np
 from scipy.stats import norm
 
 __all__ = ["LOCATE", "Window", "Located", "histograms", "occupied", "located_from",
-           "threshold_z", "first_window", "second_window", "located_frame"]
+           "threshold_z", "first_window", "second_window", "located_frame", "in_bound"]
 
 #: Public constants of the locating stage.
 LOCATE = {
@@ -187,6 +187,15 @@ def located_frame(pub, output: dict) -> Located:
     b = bins_of(pub, False)
     return located_from(np.asarray(output["locate_2"], dtype=float), second_window(pub, output),
                         _threshold(pub, b), pub.n_samples)
+
+
+def in_bound(pub, located: Located) -> Located:
+    """The located frame with the bound's own box instead of the occupied span: for a release
+    whose locating rounds read a public subset of the rows (the span of a subset's noisy
+    histograms misses the tails that the whole data shows to later stages)."""
+    w = first_window(pub)
+    return Located(located.centre, located.scale, (w.lo - located.centre) / located.scale,
+                   (w.hi - located.centre) / located.scale)
 
 
 def _quartered(w: Window) -> Located:

@@ -68,6 +68,7 @@ from .locate import (
     can_locate,
     first_window,
     histograms,
+    in_bound,
     located_frame,
     second_window,
 )
@@ -407,42 +408,73 @@ def _bound_window(domain: Domain) -> tuple[np.ndarray, np.ndarray]:
     return np.full(d, -h), np.full(d, h)
 
 
+def _early_rows(frame: Frame, clip, labelled, n_classes: int) -> _MemoryRows:
+    """The labelled sample's rows in the frame (the bound's clip first, if any), by class."""
+    from ...statistics import class_blocks
+
+    X, codes = labelled
+    T = frame.to_frame(X)
+    T = T if clip is None else clip(T)
+    order, bounds = class_blocks(codes, n_classes)
+    T = np.take(T, order, axis=0)
+    return _MemoryRows([T[bounds[k]:bounds[k + 1]] for k in range(n_classes)])
+
+
 def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_bound,
                   budget_of, pooled=None):
     """Passes over a chunked source for everything the plan needs before noise is drawn.
 
-    Returns a dict: ``frame, rows, N, R, total_scatter, sums, counts, total_sums, where,
-    window, public_rows``.
-    Label flip: pass 1 reads the features only: their count, mean and covariance (the frame)
-    and the row sample that gives the radius R; pass 2 is stage A, which validates every row
-    and label before any noise is drawn. Replace-one: one pass counts the classes and
-    validates every row (stage A follows the locating rounds, after noise).
+    Returns a dict: ``frame, rows, early, scale, n_early, N, R, total_scatter, sums, counts,
+    total_sums, where, window, public_rows``.
+    Pass 1 validates every row and label before any noise is drawn and keeps the labelled
+    sample of :func:`~klrelease.stream.sample.stage_rows` rows chosen by their index. With
+    more rows than that, the early stages read the sample in memory (``early``; their
+    statistics and noise scaled by ``scale`` = N / its rows) and only the last stage-C round
+    passes over every row again. Label flip: pass 1 also reads the features (their count,
+    mean and covariance: the frame; the row sample that gives the radius R); stage A passes
+    over every row unless the sample stands in. Replace-one: pass 1 counts the classes.
     """
+    from ...stream.sample import stage_rows
+
     d = source.n_features
     K = len(source.resolve_classes())
+    S = stage_rows(d)
     if relation == Adjacency.LABEL_FLIP:
-        m0, sample = source.pooled_and_sample() if pooled is None else pooled
+        got = source.pooled_and_sample(labelled=S) if pooled is None else pooled
+        m0, sample = got[:2]
         N, mean, M2 = int(round(m0.counts[0])), m0.means[0], m0.scatters[0]
         C = M2 / (N - 1) if N > 1 else np.zeros((d, d))
         check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)), "the features' standard deviations")
         frame = whitening_frame(mean, C)
         clip, where, window = None, "the public features (whitened)", None
-        R = sample_radius(frame, sample, budget_of(N), N, K)
+        sampled = N > S
+        R = sample_radius(frame, sample, budget_of(N), S if sampled else N, K)
         total_scatter = frame.W.T @ M2 @ frame.W
-        counts, sums, total = source.sums(_FrameClip(frame, clip, R))
-        return dict(frame=frame, rows=_StreamRows(source, frame, clip), N=N, R=R,
-                    total_scatter=total_scatter, sums=sums, counts=counts, total_sums=total,
-                    where=where, window=window, public_rows=frame.to_frame(sample))
+        early, c = None, 1.0
+        if not sampled:
+            counts, sums, total = source.sums(_FrameClip(frame, clip, R))
+        else:  # stage A on the labelled sample, scaled; the counts of every row (pass 1)
+            counts, early = got[2], _early_rows(frame, clip, got[3], K)
+            c = N / got[3][1].shape[0]
+            sums = c * early.stats(_CentredClip(np.zeros((K, d)), R), d, second=False)[0]
+            total = sums.sum(axis=0)
+        return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
+                    N=N, R=R, total_scatter=total_scatter, sums=sums, counts=counts,
+                    total_sums=total, where=where, window=window,
+                    public_rows=frame.to_frame(sample))
     if bounds_from_data:
         raise ValueError("bounds_from_data=True needs the data in memory; give a public "
                          "bound (bounds= or norm_bound=) for streamed data")
     domain = _public_bound(source.domain, norm_bound, False, d)
     frame, clip = bound_frame(domain)
-    counts = source.sums(_FrameClip(frame, clip, 1.0))[0]
+    counts, labelled = source.counts_and_sample(S)
     N = int(round(counts.sum()))
-    R = located_radius(d, N, K, budget_of(N))
-    return dict(frame=frame, rows=_StreamRows(source, frame, clip), N=N, R=R,
-                total_scatter=None, sums=None, counts=counts, total_sums=None,
+    sampled = N > S
+    early = _early_rows(frame, clip, labelled, K) if sampled else None
+    c = N / labelled[1].shape[0] if sampled else 1.0
+    R = located_radius(d, S if sampled else N, K, budget_of(N))
+    return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
+                N=N, R=R, total_scatter=None, sums=None, counts=counts, total_sums=None,
                 where="the public bound, located by noisy histograms",
                 window=_bound_window(domain), public_rows=None)
 
@@ -459,6 +491,9 @@ class KLCertifiedPlan(Plan):
 
     public: PublicInputs = None
     rows: object = None  # private: the rows in the public frame (_MemoryRows, _StreamRows)
+    #: private: the rows the early stages read (``rows``, or a public subset of them whose
+    #: statistics are scaled by ``public.sample_scale``)
+    early_rows: object = None
     counts: np.ndarray = None  # private
     sums: np.ndarray = None  # private stage-A sums
     fallbacks: int = 0  # draws post-processed by the stage-A fallback
@@ -476,30 +511,41 @@ class KLCertifiedPlan(Plan):
         pub = self.public
         if pub.label_flip:
             return pub
-        return pub.locate(located_frame(pub, output))
+        located = located_frame(pub, output)
+        # located on a subset: no row is clipped to the subset's span (its tails are thin)
+        return pub.locate(located if pub.sample_scale == 1.0 else in_bound(pub, located))
 
     def _map(self, pub: PublicInputs, fn):
         """A per-class map of the stored rows (public frame) in the working frame."""
         return fn if pub.located is None else _Located(fn, pub.located)
 
+    @property
+    def _early(self):
+        return self.rows if self.early_rows is None else self.early_rows
+
     def _histograms(self, window: Window, bins: int) -> np.ndarray:
-        return self.rows.histograms(window, bins)
+        return self.public.sample_scale * self._early.histograms(window, bins)
 
     def _stage_a(self, pub: PublicInputs) -> np.ndarray:
-        return self.rows.stats(self._map(pub, _CentredClip(np.zeros((pub.n_classes,
-                                                                      pub.n_features)),
-                                                           pub.radius)),
-                               pub.n_features, second=False)[0]
+        return pub.sample_scale * self._early.stats(
+            self._map(pub, _CentredClip(np.zeros((pub.n_classes, pub.n_features)),
+                                        pub.radius)), pub.n_features, second=False)[0]
 
     def _stage_b(self, pub: PublicInputs, m1: np.ndarray) -> np.ndarray:
-        S2 = self.rows.stats(self._map(pub, _CentredClip(np.asarray(m1, dtype=float),
-                                                         pub.radius)), pub.n_features)[1]
-        return S2.sum(axis=0)
+        S2 = self._early.stats(self._map(pub, _CentredClip(np.asarray(m1, dtype=float),
+                                                           pub.radius)), pub.n_features)[1]
+        return pub.sample_scale * S2.sum(axis=0)
 
     def _stage_c(self, pub: PublicInputs, design: dict) -> tuple[np.ndarray, np.ndarray]:
+        """A stage-C round's statistics: every row, or (the first of two rounds on a subset,
+        ``design["scale"]`` > 1) the subset's, scaled."""
         reg = design["regions"]
         fn = _RegionClip(np.asarray(reg.centres), np.asarray(reg.W), np.asarray(reg.radius))
-        return self.rows.stats(self._map(pub, fn), pub.n_features)
+        c = design.get("scale", 1.0)
+        if c == 1.0:
+            return self.rows.stats(self._map(pub, fn), pub.n_features)
+        S1, S2 = self._early.stats(self._map(pub, fn), pub.n_features)
+        return c * S1, c * S2
 
     def _read(self, stage, *args):
         """A pass over the rows after noise was drawn. A chunked source that fails to read
@@ -689,7 +735,7 @@ class KLCertified(Mechanism):
         declared = bool(getattr(data, "classes_declared", False))
         K, d = len(data.classes), data.n_features
         if isinstance(data, Source):
-            m0, sample = data.pooled_and_sample() if pooled is None else pooled
+            m0, sample = (data.pooled_and_sample() if pooled is None else pooled)[:2]
             N, mean, M2 = int(round(m0.counts[0])), m0.means[0], m0.scatters[0]
             C = M2 / (N - 1) if N > 1 else np.zeros((d, d))
             check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)),
@@ -798,8 +844,12 @@ class KLCertified(Mechanism):
             raise ValueError("design='response' (randomized response on the labels) needs "
                              "label-flip adjacency: under replace-one the features are private")
         # a chunked source's features are read once (count, mean, scatter, the row sample)
-        pooled = (data.pooled_and_sample(check_labels=True) if lf and isinstance(data, Source)
-                  else None)
+        if lf and isinstance(data, Source):
+            from ...stream.sample import stage_rows
+
+            pooled = data.pooled_and_sample(labelled=stage_rows(data.n_features))
+        else:
+            pooled = None
         if lf and options["design"] != "gaussian":
             K0 = len(data.resolve_classes()) if isinstance(data, Source) else data.n_classes
             n0 = int(round(pooled[0].counts[0])) if pooled else data.n_samples
@@ -815,17 +865,20 @@ class KLCertified(Mechanism):
         def budget_for(n_samples: int) -> Budget:
             return release_budget(epsilon, delta, relation, n_samples, data.n_features)
 
-        extra = {}
+        extra, early, scale = {}, None, 1.0
         if isinstance(data, Source):  # streamed: passes over chunks, bounded memory
             got = stream_inputs(data, relation, bool(options["bounds_from_data"]),
                                 options["norm_bound"], budget_for, pooled)
             frame, rows, N, R = got["frame"], got["rows"], got["N"], got["R"]
             total_scatter, sums, counts = got["total_scatter"], got["sums"], got["counts"]
             total_sums, where, window = got["total_sums"], got["where"], got["window"]
-            public_rows = got["public_rows"]
+            public_rows, early, scale = got["public_rows"], got["early"], got["scale"]
             budget = budget_for(N)
             K, d, bound_ok, classes = len(data.classes), data.n_features, True, data.classes
             extra = {"data": "streamed in chunks"}
+            if scale != 1.0:
+                extra["early_stages"] = (
+                    f"a sample of {round(N / scale)} of the {N} rows, chosen by their index")
         else:
             frame, T, bound_ok, where, window = public_frame(
                 data, relation, bool(options["bounds_from_data"]), options["norm_bound"])
@@ -863,7 +916,7 @@ class KLCertified(Mechanism):
             budget=budget, radius=R,
             region_radius=region_radius(d, SETTINGS["region_level"]),
             total_scatter=total_scatter, total_sums=total_sums, bound_window=window,
-            public_rows=public_rows,
+            public_rows=public_rows, sample_scale=scale,
         )
 
         rel = ADJACENCY_DESCRIPTIONS[relation]
@@ -911,5 +964,5 @@ class KLCertified(Mechanism):
         return KLCertifiedPlan(
             mechanism=self.name, guarantee=guarantee, classes=classes,
             public_options=public, solver=None, public=pub, rows=rows, counts=counts,
-            sums=sums,
+            sums=sums, early_rows=early,
         )
