@@ -33,19 +33,19 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 D = 2
 
-#: The learners measured, with public options that suit the generated mixture.
+#: The learners measured: components and public options that suit the generated mixture.
 LEARNERS = {
-    "dp-em": ["R=10", "sigma_max=2"],
-    "kamath-pgme-lite": ["R=10", "sigma_min=0.5", "sigma_max=2"],
-    "park-dp-em": ["R=10", "sigma_max=2"],
-    "kamath-pegme": ["sigma_min=1", "kappa=2", "inflate=1.5"],
-    "kamath-sa-lite": ["R=10", "sigma_min=0.5", "sigma_max=2"],
-    "afzali-style-sample-aggregate": ["sigma_max=3", "w_mu=2", "r_init=1"],
-    "ppe-gmm": [],
-    "ppe-gaussian-oneshot": [],
-    "ppme-gaussian": [],
+    "dp-em": (2, ["R=10", "sigma_max=2"]),
+    "park-dp-em": (2, ["R=10", "sigma_max=2"]),
+    "kamath-pgme-lite": (2, ["R=10", "sigma_min=0.5", "sigma_max=2"]),
+    "kamath-pegme": (2, ["sigma_min=1", "kappa=2", "inflate=1.5"]),
+    "kamath-sa-lite": (2, ["R=10", "sigma_min=0.5", "sigma_max=2"]),
+    "afzali-style-sample-aggregate": (2, ["sigma_max=3", "w_mu=2", "r_init=1"]),
+    "ppe-gmm": (2, []),
+    "ppe-gaussian-oneshot": (1, []),
+    "ppme-gaussian": (1, []),
 }
-DEFAULT_LEARNERS = ("dp-em", "kamath-pgme-lite")
+DEFAULT_LEARNERS = ("dp-em", "park-dp-em")
 
 
 def generate(n: int, cache: Path) -> Path:
@@ -81,15 +81,21 @@ print(json.dumps({{"code": code, "seconds": t,
 """
 
 
-def run_case(csv: Path, learner: str, code_root: str, out: Path) -> dict:
-    """One ``klrelease learn`` in a fresh process with ``code_root`` first on the path."""
-    args = ["learn", "--csv", str(csv), "--components", "2", "--epsilon", "1", "--delta",
+def run_case(csv: Path, learner: str, code_root: str, out: Path, timeout: float) -> dict:
+    """One ``klrelease learn`` in a fresh process with ``code_root`` first on the path (a
+    case that takes longer than ``timeout`` seconds is stopped and reported as such)."""
+    k, params = LEARNERS[learner]
+    args = ["learn", "--csv", str(csv), "--components", str(k), "--epsilon", "1", "--delta",
             "1e-6", "--learner", learner, "--seed", "0", "--out", str(out), "--force"]
-    for p in LEARNERS[learner]:
+    for p in params:
         args += ["--param", p]
     env = dict(os.environ, PYTHONPATH=code_root, MPLBACKEND="Agg")
-    r = subprocess.run([sys.executable, "-c", _CHILD.format(args=args)], env=env,
-                       capture_output=True, text=True, cwd=code_root)
+    try:
+        r = subprocess.run([sys.executable, "-c", _CHILD.format(args=args)], env=env,
+                           capture_output=True, text=True, cwd=code_root, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"outcome": f"over {timeout:g} s", "peak_mb": float("nan"),
+                "seconds": float("nan")}
     if r.returncode != 0 or not r.stdout.strip():
         raise RuntimeError(f"{learner} failed:\n{r.stderr[-2000:]}")
     res = json.loads(r.stdout.strip().splitlines()[-1])
@@ -105,6 +111,7 @@ def main() -> None:
     ap.add_argument("--learners", nargs="+", default=list(DEFAULT_LEARNERS),
                     choices=list(LEARNERS))
     ap.add_argument("--baseline", help="a checkout of the package to compare against")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "klrelease-bench")
     ap.add_argument("--out", type=Path, default=HERE / "learn_csv.md")
     ap.add_argument("--no-write", action="store_true")
@@ -121,12 +128,12 @@ def main() -> None:
             size = csv.stat().st_size / 2**20
             floor = 8 * n * D / 2**20
             for learner in a.learners:
-                r = run_case(csv, learner, here, Path(tmp) / "out.json")
-                row = [f"{n:.0e}", str(D), f"{size:.0f}", f"{floor:.0f}", learner, r["outcome"],
+                r = run_case(csv, learner, here, Path(tmp) / "out.json", a.timeout)
+                row = [f"{n:.0e}", str(D), f"{size:.0f}", f"{floor:.1f}", learner, r["outcome"],
                        f"{r['peak_mb']:.0f}", f"{r['seconds']:.1f}"]
                 if a.baseline:
                     b = run_case(csv, learner, str(Path(a.baseline).resolve()),
-                                 Path(tmp) / "base.json")
+                                 Path(tmp) / "base.json", a.timeout)
                     row += [f"{b['peak_mb']:.0f}", f"{b['seconds']:.1f}",
                             f"{r['peak_mb'] / b['peak_mb']:.2f}"]
                 lines.append("| " + " | ".join(row) + " |")

@@ -565,6 +565,8 @@ class ParquetSource(Source):
         same order, same columns, classes and bound)."""
         import dask.dataframe as dd
 
+        if self.label_column is None:
+            raise ValueError("on_dask needs a label column")
         cols = [*self.feature_names, self.label_column]
         ddf = dd.read_parquet([str(p) for p in self.paths], columns=cols)
         return DaskSource(ddf, label_column=self.label_column,

@@ -308,7 +308,7 @@ class _HistogramPass:
         else:
             a, b = np.searchsorted(self.subset, [offset, offset + len(T)])
             kept = T[self.subset[a:b] - offset]
-        return _Cells(cells, counts), [kept]
+        return _Cells(cells, counts), [kept] if len(kept) else []
 
 
 class _Cells:
@@ -324,7 +324,7 @@ class _Cells:
     def merge(self, other: _Cells) -> _Cells:
         self.pending.append((other.cells, other.counts))
         self.size += len(other.cells)
-        if self.size > max(len(self.cells), 1 << 16):
+        if self.size > max(len(self.cells), 1 << 12):
             self.join()
         return self
 
