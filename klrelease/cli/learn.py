@@ -32,10 +32,14 @@ def unlabelled_csv(path: Path, columns: str | None):
     if names is not None and not names:
         raise BadInput("--columns names no column")
     try:
-        return CSVSource(path, None, feature_columns=names)
+        return CSVSource(path, None, feature_columns=names, block_bytes=CSV_BLOCK_BYTES)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
 
+
+#: Bytes of CSV text parsed per block: small blocks keep pyarrow's read-ahead small (a few
+#: tens of MB at this size, over 100 MB at 16 MB blocks), at no cost in speed.
+CSV_BLOCK_BYTES = 1 << 20
 
 #: Options with a flag of their own, or that the command sets.
 _NOT_PARAMS = ("accountant", "progress")
