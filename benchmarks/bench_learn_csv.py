@@ -105,6 +105,12 @@ def run_case(csv: Path, learner: str, code_root: str, out: Path, timeout: float)
     return res
 
 
+def _commit(path: str) -> str:
+    r = subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True,
+                       text=True)
+    return r.stdout.strip() or "unknown"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", nargs="+", type=float, default=[1e6, 1e7])
@@ -141,7 +147,9 @@ def main() -> None:
     text = (f"`python benchmarks/bench_learn_csv.py --n {' '.join(f'{v:g}' for v in a.n)} "
             f"--learners {' '.join(a.learners)}"
             + (" --baseline BEFORE" if a.baseline else "") + "`\n\n"
-            "Peak RSS of the whole `klrelease learn` process (interpreter and libraries "
+            + (f"BEFORE: the package at commit {_commit(a.baseline)}.\n\n" if a.baseline
+               else "")
+            + "Peak RSS of the whole `klrelease learn` process (interpreter and libraries "
             "included), one fresh process per case; 8Nd: the rows as float64.\n\n"
             + "\n".join(lines) + "\n")
     if not a.no_write:
