@@ -20,7 +20,7 @@ from ..rng import make_rng
 
 __all__ = [
     "LearnResult", "Learner", "MechanismFailed", "get_learner", "learn", "learners",
-    "register_alias", "register_learner", "resolve_name", "describe_learner",
+    "register_alias", "register_learner", "resolve_name", "describe_learner", "streams",
 ]
 
 
@@ -149,14 +149,25 @@ Learner = Callable[..., LearnResult]
 _LEARNERS: dict[str, Learner] = {}
 #: Former names: ``old -> new`` (``get_learner`` resolves them with a FutureWarning).
 _ALIASES: dict[str, str] = {}
+#: Learners that read a :class:`~klrelease.stream.Source` in passes themselves.
+_STREAMING: set[str] = set()
 
 
-def register_learner(name: str, fn: Learner) -> Learner:
-    """Add a learner under ``name`` (which must be new)."""
+def register_learner(name: str, fn: Learner, *, streams: bool = False) -> Learner:
+    """Add a learner under ``name`` (which must be new). ``streams``: the learner takes a
+    :class:`~klrelease.stream.Source` of rows without labels as ``X`` and reads it in passes
+    (the others get every row in one float64 array)."""
     if name in _LEARNERS:
         raise ValueError(f"a learner named {name!r} is already registered")
     _LEARNERS[name] = fn
+    if streams:
+        _STREAMING.add(name)
     return fn
+
+
+def streams(name: str) -> bool:
+    """Whether the learner ``name`` reads a source in passes (memory independent of N)."""
+    return resolve_name(name) in _STREAMING
 
 
 def resolve_name(name: str) -> str:
@@ -290,33 +301,49 @@ def learn(X, n_components: int, *, epsilon: float, delta: float, learner: str,
           seed: int | None = None, feature_names=None, **options) -> LearnResult:
     """Run a registered private learner on unlabelled rows ``X``.
 
-    Inputs are validated here from public facts only (shape, finiteness, epsilon, delta);
-    everything data-dependent happens inside the learner and ends in a result, FAIL included.
-    Without ``seed`` the noise comes from the CSPRNG; a seeded run is an experiment and its
-    result is not certified. ``feature_names`` (default: the columns of a DataFrame, else
-    ``x0, x1, ...``) go into the artifact, with the public options and the seed.
+    ``X`` is an array (or DataFrame) of rows, or a :class:`~klrelease.stream.Source` of rows
+    without labels (``CSVSource(path, None)``, ``ParquetSource(path, None)``,
+    ``ArraySource(X, None)``): a learner that streams (:func:`streams`, e.g. ``dp-em``) reads
+    it in passes with memory independent of N; the others get its rows in one float64 array
+    (8 N d bytes). Inputs are validated here from public facts only (shape, finiteness,
+    epsilon, delta); everything data-dependent happens inside the learner and ends in a
+    result, FAIL included. Without ``seed`` the noise comes from the CSPRNG; a seeded run is
+    an experiment and its result is not certified. ``feature_names`` (default: the columns
+    of a DataFrame or a source, else ``x0, x1, ...``) go into the artifact, with the public
+    options and the seed.
     """
     from ..data import check_privacy_parameters
+    from ..stream.sources import Source
 
     eps, dlt = check_privacy_parameters(epsilon, delta)
     fn = get_learner(learner)
     options = check_options(learner, fn, options)
-    if feature_names is None and hasattr(X, "columns"):
-        feature_names = [str(c) for c in X.columns]
-    try:
-        X = np.asarray(X, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError("X must be a numeric array of shape (n_samples, n_features)") from None
-    if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] == 0:
-        raise ValueError("X must be a non-empty two-dimensional array (n_samples, n_features)")
-    if not np.all(np.isfinite(X)):
-        raise ValueError("X contains NaN or infinite values")
     if int(n_components) != n_components or n_components < 1:
         raise ValueError(f"n_components must be a positive integer, got {n_components!r}")
+    if feature_names is None and hasattr(X, "columns"):
+        feature_names = [str(c) for c in X.columns]
+    if isinstance(X, Source):
+        if feature_names is None:
+            feature_names = X.feature_names
+        d = X.n_features
+    else:
+        try:
+            X = np.asarray(X, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError("X must be a numeric array of shape (n_samples, n_features)"
+                             ) from None
+        if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] == 0:
+            raise ValueError("X must be a non-empty two-dimensional array "
+                             "(n_samples, n_features)")
+        if not np.all(np.isfinite(X)):
+            raise ValueError("X contains NaN or infinite values")
+        d = X.shape[1]
     names = (tuple(str(f) for f in feature_names) if feature_names is not None
-             else tuple(f"x{i}" for i in range(X.shape[1])))
-    if len(names) != X.shape[1]:
-        raise ValueError(f"feature_names has {len(names)} names for {X.shape[1]} features")
+             else tuple(f"x{i}" for i in range(d)))
+    if len(names) != d:
+        raise ValueError(f"feature_names has {len(names)} names for {d} features")
+    if isinstance(X, Source) and not streams(learner):
+        X = X.to_array()  # a counting pass, then one float64 array (every row validated)
     src = make_rng(seed)
     res = fn(X, int(n_components), epsilon=eps, delta=dlt, rng=src.generator, **options)
     public = {name: options.get(name, p.default) for name, p in learner_options(fn).items()

@@ -36,6 +36,7 @@ from .sources import (
     ParquetSource,
     Source,
     SourceReadError,
+    add_tuples,
     as_source,
     is_dask_collection,
 )
@@ -58,4 +59,5 @@ __all__ = [
     "as_source",
     "is_dask_collection",
     "DEFAULT_CHUNK_ROWS",
+    "add_tuples",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv as _csv
 import glob
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ __all__ = [
     "as_source",
     "is_dask_collection",
     "DEFAULT_CHUNK_ROWS",
+    "add_tuples",
 ]
 
 #: Rows per chunk of in-memory, memmap and file sources (about 20 MB at d = 10).
@@ -110,14 +112,21 @@ class Source:
     def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # pragma: no cover
         raise NotImplementedError
 
-    def reduce(self, fn: Callable, merge: Callable, initial, *, indexed: bool = False):
+    def reduce(self, fn: Callable, merge: Callable, initial, *, indexed: bool = False,
+               block_rows: int | None = None):
         """Apply ``fn(X, y)`` to every chunk and merge the results in chunk order
         (``indexed=True``: ``fn(X, y, offset)``, ``offset`` the index of the chunk's first row).
+
+        ``block_rows``: the chunks are first cut and joined into blocks of exactly that many
+        rows (the last one shorter), so that the pass, rounding included, does not depend on
+        how the source is chunked.
         """
         from .._threads import single_threaded_blas
 
         acc, offset = initial, 0
         chunks = _prefetched(self.chunks()) if self.prefetch else iter(self.chunks())
+        if block_rows is not None:
+            chunks = _reblocked(chunks, int(block_rows))
         try:
             with single_threaded_blas():  # small products per chunk: threads only synchronise
                 while True:
@@ -128,7 +137,7 @@ class Source:
                     except (OSError, EOFError, ValueError) as exc:  # reading, not computing
                         raise _read_error(exc) from exc
                     acc = merge(acc, fn(X, y, offset) if indexed else fn(X, y))
-                    offset += len(y)
+                    offset += len(X)
         finally:  # a pass that stops early stops the reader (and its thread) now
             close = getattr(chunks, "close", None)
             if close is not None:
@@ -210,16 +219,79 @@ class Source:
         ``fn(rows of class k, k)``, a per-class map whose rows are bounded (clipped; see
         :func:`~klrelease.stream.moments.bounded_class_moments`). Validates every chunk like
         :meth:`moments`."""
-        return self.scan(_ChunkBounded(len(self.resolve_classes()), fn), _add_tuples, None)
+        return self.scan(_ChunkBounded(len(self.resolve_classes()), fn), add_tuples, None)
 
     def sums(self, g: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, ...]:
         """One pass: per-class counts (K,) and sums (K, d') of ``g(X)``, a map of each row
         that does not depend on its class, and the sum over all rows (d',) taken in row order,
         so that it reads no label. Validates every chunk like :meth:`moments`."""
-        return self.scan(_ChunkSums(len(self.resolve_classes()), g), _add_tuples, None)
+        return self.scan(_ChunkSums(len(self.resolve_classes()), g), add_tuples, None)
 
+    # ------------------------------------------------------------- features only (no labels)
+    def scan_rows(self, fn: Callable, merge: Callable, initial, *, indexed: bool = False,
+                  block_rows: int | None = None):
+        """One pass over the features alone (labels, if any, are not read): ``fn(X)`` on every
+        validated chunk (``indexed=True``: ``fn(X, offset)``), merged in order; with
+        ``block_rows``, on blocks of exactly that many rows (see :meth:`reduce`)."""
+        return self.reduce(_Rows(fn, self.n_features), merge, initial, indexed=indexed,
+                           block_rows=block_rows)
+
+    def n_rows(self) -> int:
+        """One pass: the number of rows, every chunk validated (finite numeric features)."""
+        n = self.scan_rows(len, operator.add, 0)
+        if n == 0:
+            raise SourceReadError("the data has no rows")
+        return n
+
+    def to_array(self) -> np.ndarray:
+        """Every row's features in one float64 array of shape (N, d): a counting pass, then a
+        pass that fills the array allocated for N rows (memory 8 N d bytes and a chunk)."""
+        n = self.n_rows()
+        out = np.empty((n, self.n_features))
+
+        def fill(X, offset):
+            if offset + len(X) > n:
+                raise SourceReadError(CHANGED)
+            out[offset:offset + len(X)] = X
+            return len(X)
+
+        if self.scan_rows(fill, operator.add, 0, indexed=True) != n:
+            raise SourceReadError(CHANGED)
+        return out
+
+
+CHANGED = "the data changed between two passes over it"
 
 _DONE = object()
+
+
+def _reblocked(chunks: Iterator, rows: int) -> Iterator:
+    """The rows of ``(X, y)`` chunks as blocks of exactly ``rows`` rows (the last shorter):
+    views of a chunk where a block lies within it, copies where a block joins chunks."""
+    if rows < 1:
+        raise ValueError("block_rows must be >= 1")
+    held: list = []  # parts of the next block, fewer than ``rows`` rows in all
+    count = 0
+    for X, y in chunks:
+        a, n = 0, len(X)
+        while a < n:
+            take = min(rows - count, n - a)
+            held.append((X[a:a + take], None if y is None else y[a:a + take]))
+            count += take
+            a += take
+            if count == rows:
+                yield _joined(held)
+                held, count = [], 0
+    if held:
+        yield _joined(held)
+
+
+def _joined(parts: list) -> tuple:
+    if len(parts) == 1:
+        return parts[0]
+    X = np.concatenate([np.asarray(p[0], dtype=np.float64) for p in parts])
+    y = None if parts[0][1] is None else np.concatenate([p[1] for p in parts])
+    return X, y
 
 
 def _prefetched(chunks: Iterator, depth: int = 2) -> Iterator:
@@ -289,6 +361,17 @@ def _chunk(X, y, d: int, classes: tuple | None) -> tuple[np.ndarray, np.ndarray 
         return X, _labels(y, classes)
     except ValueError as exc:
         raise _read_error(exc) from None
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """``fn(X)`` of a chunk's validated features (``fn(X, offset)`` when indexed)."""
+
+    fn: Callable
+    d: int
+
+    def __call__(self, X, y, *offset):
+        return self.fn(_chunk(X, None, self.d, None)[0], *offset)
 
 
 @dataclass(frozen=True)
@@ -382,7 +465,8 @@ def _merge_range(a, b):
     return np.minimum(a[0], b[0]), np.maximum(a[1], b[1])
 
 
-def _add_tuples(a, b):
+def add_tuples(a, b):
+    """Merge of tuples of partial sums (``None``: nothing yet)."""
     return b if a is None else tuple(u + v for u, v in zip(a, b, strict=True))
 
 
@@ -413,7 +497,10 @@ def _union(a, b):
 
 
 class ArraySource(Source):
-    """Arrays in memory or memory-mapped (``np.load(path, mmap_mode="r")``), read in chunks."""
+    """Arrays in memory or memory-mapped (``np.load(path, mmap_mode="r")``), read in chunks.
+
+    ``y=None``: rows without labels (for the passes over the features alone,
+    :meth:`Source.scan_rows`)."""
 
     def __init__(self, X, y, *, classes=None, bounds=None, norm_bound=None,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS, feature_names=None):
@@ -424,13 +511,14 @@ class ArraySource(Source):
             raise ValueError("X must be two-dimensional (n_samples, n_features)")
         if np.iscomplexobj(X):
             raise ValueError("X must hold real numbers; complex values are not supported")
-        if classes is None:
-            _check_one_label_type(y)
-        y = np.asarray(y) if not isinstance(y, np.ndarray) else y
-        if y.ndim == 2 and 1 in y.shape:
-            y = y.reshape(-1)
-        if y.ndim != 1 or y.shape[0] != X.shape[0]:
-            raise ValueError("X and y must have the same number of rows")
+        if y is not None:
+            if classes is None:
+                _check_one_label_type(y)
+            y = np.asarray(y) if not isinstance(y, np.ndarray) else y
+            if y.ndim == 2 and 1 in y.shape:
+                y = y.reshape(-1)
+            if y.ndim != 1 or y.shape[0] != X.shape[0]:
+                raise ValueError("X and y must have the same number of rows")
         if X.shape[0] == 0 or X.shape[1] == 0:
             raise ValueError("X must have at least one row and one column")
         if int(chunk_rows) < 1:
@@ -443,7 +531,7 @@ class ArraySource(Source):
     def chunks(self):
         n, c = self.X.shape[0], self.chunk_rows
         for a in range(0, n, c):
-            yield self.X[a:a + c], self.y[a:a + c]
+            yield self.X[a:a + c], None if self.y is None else self.y[a:a + c]
 
 
 # -------------------------------------------------------------------------------- files
@@ -473,12 +561,13 @@ class ParquetSource(Source):
     next batch is decoded while this one is reduced).
 
     Every column except ``label_column`` is a feature (or only ``feature_columns``); the
-    files are read in sorted path order.
+    files are read in sorted path order. ``label_column=None``: rows without labels (every
+    column, or ``feature_columns``, a feature).
     """
 
-    def __init__(self, path, label_column: str, *, feature_columns: Sequence[str] | None = None,
-                 classes=None, bounds=None, norm_bound=None,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS):
+    def __init__(self, path, label_column: str | None, *,
+                 feature_columns: Sequence[str] | None = None, classes=None, bounds=None,
+                 norm_bound=None, chunk_rows: int = DEFAULT_CHUNK_ROWS):
         import pyarrow.parquet as pq
 
         super().__init__(classes, bounds, norm_bound)
@@ -495,7 +584,7 @@ class ParquetSource(Source):
                 names = list(schema.names)
             elif list(schema.names) != names:
                 raise ValueError("the Parquet files do not all have the same columns")
-        if label_column not in names:
+        if label_column is not None and label_column not in names:
             raise ValueError(f"the Parquet data has no column named {label_column!r}")
         feats = [c for c in names if c != label_column] if feature_columns is None else list(
             feature_columns)
@@ -512,6 +601,8 @@ class ParquetSource(Source):
         same order, same columns, classes and bound)."""
         import dask.dataframe as dd
 
+        if self.label_column is None:
+            raise ValueError("on_dask needs a label column")
         cols = [*self.feature_names, self.label_column]
         ddf = dd.read_parquet([str(p) for p in self.paths], columns=cols)
         return DaskSource(ddf, label_column=self.label_column,
@@ -521,7 +612,8 @@ class ParquetSource(Source):
     def chunks(self):
         import pyarrow.parquet as pq
 
-        cols = [*self.feature_names, self.label_column]
+        cols = [*self.feature_names, *([] if self.label_column is None else
+                                       [self.label_column])]
         for p in self.paths:
             with pq.ParquetFile(p) as fh:
                 for batch in fh.iter_batches(batch_size=self.chunk_rows, columns=cols):
@@ -536,6 +628,8 @@ def _batch_xy(batch, features, label_column):
             X[:, j] = col.to_numpy(zero_copy_only=False)
         except (TypeError, ValueError):
             raise ValueError("every feature column must be numeric") from None
+    if label_column is None:
+        return X, None
     return X, batch.column(label_column).to_numpy(zero_copy_only=False)
 
 
@@ -544,12 +638,15 @@ class CSVSource(Source):
     block is parsed while this one is reduced).
 
     Features are read as float64 and labels as text (matched to the classes by value, so a
-    label never changes how the others are typed). Errors are worded as
+    label never changes how the others are typed). Every column except ``label_column`` is a
+    feature, or only ``feature_columns`` (the other columns are not converted);
+    ``label_column=None``: rows without labels. Errors are worded as
     :func:`klrelease.data.load_csv` words them (a file name and a rule, never a value).
     """
 
-    def __init__(self, path, label_column: str, *, classes=None, bounds=None, norm_bound=None,
-                 block_bytes: int = 1 << 24, delimiter: str = ","):
+    def __init__(self, path, label_column: str | None, *,
+                 feature_columns: Sequence[str] | None = None, classes=None, bounds=None,
+                 norm_bound=None, block_bytes: int = 1 << 24, delimiter: str = ","):
         super().__init__(classes, bounds, norm_bound)
         self.paths = _paths(path, ".csv")
         self.label_column, self.block_bytes, self.delimiter = label_column, block_bytes, delimiter
@@ -562,14 +659,25 @@ class CSVSource(Source):
                 raise ValueError(f"cannot read {p}: {exc.__class__.__name__}") from None
             if first is None:
                 raise ValueError(f"{p} is empty")
-            if label_column not in first:
+            if label_column is not None and label_column not in first:
                 raise ValueError(f"{p} has no column named {label_column!r}")
             if header is None:
                 header = first
             elif first != header:
                 raise ValueError("the CSV files do not all have the same header")
-        self.feature_names = tuple(h for h in header if h != label_column)
+        if feature_columns is None:
+            feats = [h for h in header if h != label_column]
+        else:
+            feats = list(feature_columns)
+            missing = [c for c in feats if c not in header]
+            if missing:
+                raise ValueError(f"{self.paths[0]} has no column(s) "
+                                 f"{', '.join(map(repr, missing))}")
+        if not feats:
+            raise ValueError(f"{self.paths[0]} has no feature columns")
+        self.feature_names = tuple(feats)
         self.n_features = len(self.feature_names)
+        self._read_all = feature_columns is None
 
     prefetch = True
 
@@ -578,14 +686,21 @@ class CSVSource(Source):
         import pyarrow.csv as pcsv
 
         types = {n: pa.float64() for n in self.feature_names}
-        types[self.label_column] = pa.string()
+        cols = list(self.feature_names)
+        if self.label_column is not None:
+            types[self.label_column] = pa.string()
+            cols.append(self.label_column)
+        convert = pcsv.ConvertOptions(column_types=types) if self._read_all else \
+            pcsv.ConvertOptions(column_types=types, include_columns=cols)
+        what = (f"every column except {self.label_column!r}" if self.label_column is not None
+                else "every column") if self._read_all else "the feature columns"
         for p in self.paths:
             rows = 0
             try:
                 reader = pcsv.open_csv(
                     p, read_options=pcsv.ReadOptions(block_size=self.block_bytes),
                     parse_options=pcsv.ParseOptions(delimiter=self.delimiter),
-                    convert_options=pcsv.ConvertOptions(column_types=types))
+                    convert_options=convert)
                 for batch in reader:
                     rows += batch.num_rows
                     yield _batch_xy(batch, self.feature_names, self.label_column)
@@ -594,8 +709,7 @@ class CSVSource(Source):
                 if "columns, got" in str(exc):
                     raise ValueError(f"{p} has rows with a different number of fields than "
                                      "its header") from None
-                raise ValueError(f"{p}: every column except {self.label_column!r} must be "
-                                 "numeric") from None
+                raise ValueError(f"{p}: {what} must be numeric") from None
             if rows == 0:
                 raise ValueError(f"{p} has no data rows")
 

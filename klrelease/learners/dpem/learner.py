@@ -17,12 +17,15 @@ run is an experiment and is not certified.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from scipy.stats import norm, truncnorm
 
 from ...privacy.tape import released
 from ...privacy.toolbox import symmetric_gaussian
 from ...statistics import clip_to_norm
+from ...stream.sources import CHANGED, ArraySource, Source, SourceReadError, add_tuples
 from ..kamath.common import guarantee, structure_rng, structure_seed, success
 from ..result import LearnResult, register_learner
 from .design import (
@@ -39,7 +42,8 @@ from .design import (
     update,
 )
 
-__all__ = ["NAME", "learn_dpem", "noisy_grid_histogram", "em_statistics", "private_pca"]
+__all__ = ["NAME", "learn_dpem", "noisy_grid_histogram", "noisy_cell_histogram",
+           "em_statistics", "private_pca", "Frame"]
 
 NAME = "dp-em"
 DOC = "klrelease/learners/dpem/DPEM.md"
@@ -59,6 +63,14 @@ def noisy_grid_histogram(keys: np.ndarray, n_cells: int, sd: float, threshold: f
     normal tail above the threshold (``DPEM.md`` section 3).
     """
     cells, counts = np.unique(np.asarray(keys, dtype=np.int64), return_counts=True)
+    return noisy_cell_histogram(cells, counts, n_cells, sd, threshold, rng)
+
+
+def noisy_cell_histogram(cells: np.ndarray, counts: np.ndarray, n_cells: int, sd: float,
+                         threshold: float, rng: np.random.Generator
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`noisy_grid_histogram` of the non-empty cells ``cells`` (sorted, distinct) and
+    their counts."""
     noisy = counts + rng.normal(0.0, sd, size=len(cells))
     keep = noisy >= threshold
     out_cells, out_vals = list(cells[keep]), list(noisy[keep])
@@ -78,14 +90,18 @@ def noisy_grid_histogram(keys: np.ndarray, n_cells: int, sd: float, threshold: f
     return np.asarray(out_cells, dtype=np.int64), np.asarray(out_vals, dtype=np.float64)
 
 
-def private_pca(T: np.ndarray, design: Design, rng: np.random.Generator) -> np.ndarray:
-    """The top-``p`` principal directions of the rows (clipped to the ball) from their noisy
-    sum and scatter (one Gaussian mechanism; the eigenvectors are post-processing)."""
-    d = T.shape[1]
+def private_pca(rows: Source, frame: Frame, design: Design, rng: np.random.Generator
+                ) -> np.ndarray:
+    """The principal directions (all ``d``, by decreasing variance) of the rows in the frame
+    (clipped to the ball) from their noisy sum and scatter (one Gaussian mechanism, one pass;
+    the eigenvectors are post-processing)."""
+    d = rows.n_features
     sd_s, sd_m = design.pca_sd
+    total, sums, scatter = rows.scan_rows(_Scatter(frame), add_tuples, None, block_rows=BLOCK)
+    _check_rows(total, design.n)
     S, M = released("dp-em private PCA",
-                    (T.sum(axis=0) + rng.normal(0.0, sd_s, size=d),
-                     T.T @ T + symmetric_gaussian(d, sd_m, rng, isometric=True)),
+                    (sums + rng.normal(0.0, sd_s, size=d),
+                     scatter + symmetric_gaussian(d, sd_m, rng, isometric=True)),
                     ball=design.ball, sum_sd=sd_s, scatter_sd=sd_m)
     m = S / design.n
     C = M / design.n - np.outer(m, m)
@@ -157,6 +173,14 @@ def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
     Returns a released GMM always (never FAIL): ``(epsilon, delta)``-DP under replacement of
     one record, N public (``DPEM.md``).
 
+    ``X`` is an array of rows or a :class:`~klrelease.stream.Source` of rows without labels
+    (e.g. ``CSVSource(path, None)``), read in passes over blocks of :data:`BLOCK` rows: one
+    to count the rows, one for the private PCA (when ``d > 2``), one for the histogram (which
+    also keeps the public subset of rows of the early iterations, at most
+    ``SETTINGS["subsample"]``), and one for each of the last iterations when N exceeds that
+    subset. Memory does not grow with N, and the release is the same, bit for bit, however
+    the rows are chunked.
+
     Parameters (all public)
     -----------------------
     R : bound on the norm of every component mean, in the units of the data (required).
@@ -170,8 +194,9 @@ def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
         40: the most for which the first iteration's noise stays small).
     progress : a progress bar over the iterations.
     """
-    X = np.asarray(X, dtype=np.float64)
-    n, d = X.shape
+    rows = X if isinstance(X, Source) else ArraySource(np.asarray(X, dtype=np.float64), None,
+                                                       chunk_rows=BLOCK)
+    n, d = rows.n_rows(), rows.n_features  # N is public (DPEM.md section 1)
     k = int(n_components)
     sigma_min = sigma_max / 1000.0 if sigma_min is None else sigma_min
     design = make_design(n, d, k, epsilon, delta, R=R, sigma_max=sigma_max,
@@ -183,33 +208,40 @@ def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
     Q, Rm = np.linalg.qr(struct.normal(size=(d, d)))
     V = Q * np.sign(np.diag(Rm))  # a random rotation when the histogram is in R^d
     shift = struct.uniform(0.0, design.cell, size=design.p)
+    m = min(n, int(design.settings["subsample"]))
+    # the early iterations' rows: a public subset of indices (all rows when N <= m)
+    subset = None if m >= n else np.sort(structure_rng(master, "subsample").choice(
+        n, size=m, replace=False))
     diag: dict = {"ledger": ledger.to_dict(), "design": design.public(), "iterations": []}
     bar = _bar(progress, design.iterations + 1)
+    frame = Frame(design.ball * sigma_max, sigma_max)
     with np.errstate(all="ignore"):  # no floating-point warning may depend on the data
-        T = clip_to_norm(X, design.ball * sigma_max) / sigma_max
         if design.pca_s > 0:
-            V = private_pca(T, design, rng)
+            V = private_pca(rows, frame, design, rng)
         V = V[:, : design.p]
-        keys = np.floor((T @ V + design.ball + shift) / design.cell).astype(np.int64)
-        keys = np.clip(keys, 0, design.grid - 1)
-        flat = np.ravel_multi_index(tuple(keys.T), (design.grid,) * design.p)
+        hist, kept = rows.scan_rows(
+            _HistogramPass(frame, V, design.ball, shift, design.cell, design.grid, subset),
+            _merge_histogram, None, indexed=True, block_rows=BLOCK)
+        cells, counts = hist.join()
+        _check_rows(int(counts.sum()), n)
+        early = kept[0] if len(kept) == 1 else np.concatenate(kept)
+        _check_rows(len(early), m)
         cells, counts = released(
             "dp-em initial histogram",
-            noisy_grid_histogram(flat, design.n_cells, design.hist_sd, design.threshold, rng),
+            noisy_cell_histogram(cells, counts, design.n_cells, design.hist_sd,
+                                 design.threshold, rng),
             n_cells=design.n_cells, sd=design.hist_sd, threshold=design.threshold)
         diag["released_cells"] = len(cells)
         model = init_model(design, cell_centres(design, cells, shift), counts, V,
                            structure_rng(master, "kmeans"))
         if bar is not None:
             bar[0].update(bar[1], advance=1)
-        m = min(n, int(design.settings["subsample"]))
-        early = T if m >= n else T[np.sort(structure_rng(master, "subsample").choice(
-            n, size=m, replace=False))]  # a public subset of the rows
         history: list = []
         try:
             for i, s in enumerate(design.iteration_s):
                 late = i >= design.iterations - design.settings["full_iterations"]
-                model = _iterate(T if late else early, design, model, s, rng, diag, i,
+                model = _iterate(rows if late and subset is not None else early, frame,
+                                 design, model, s, rng, diag, i,
                                  final=i == design.iterations - 1, history=history)
                 if bar is not None:
                     bar[0].update(bar[1], advance=1)
@@ -225,15 +257,125 @@ def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
     return success(NAME, g, model.weights, model.means * sc, model.covs * sc**2, diag)
 
 
-def _iterate(T: np.ndarray, design: Design, model: Model, s: float,
+@dataclass(frozen=True)
+class Frame:
+    """The public frame of the rows: ``T = clip_to_norm(X, radius) / scale`` (per row)."""
+
+    radius: float
+    scale: float
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        return clip_to_norm(X, self.radius) / self.scale
+
+
+def _check_rows(seen: int, n: int) -> None:
+    if seen != n:  # a file rewritten while it is read: no release
+        raise SourceReadError(CHANGED)
+
+
+@dataclass(frozen=True)
+class _Scatter:
+    """Per block: rows, sum and scatter of the rows in the frame."""
+
+    frame: Frame
+
+    def __call__(self, X):
+        T = self.frame(X)
+        return len(T), T.sum(axis=0), T.T @ T
+
+
+@dataclass(frozen=True)
+class _HistogramPass:
+    """Per block: the non-empty histogram cells with their counts, and the rows in the frame
+    whose indices are in ``subset`` (all rows when it is None)."""
+
+    frame: Frame
+    V: np.ndarray
+    ball: float
+    shift: np.ndarray
+    cell: float
+    grid: int
+    subset: np.ndarray | None
+
+    def __call__(self, X, offset):
+        T = self.frame(X)
+        keys = np.floor((T @ self.V + self.ball + self.shift) / self.cell).astype(np.int64)
+        keys = np.clip(keys, 0, self.grid - 1)
+        flat = np.ravel_multi_index(tuple(keys.T), (self.grid,) * keys.shape[1])
+        cells, counts = np.unique(flat, return_counts=True)
+        if self.subset is None:
+            kept = T
+        else:
+            a, b = np.searchsorted(self.subset, [offset, offset + len(T)])
+            kept = T[self.subset[a:b] - offset]
+        return _Cells(cells, counts), [kept] if len(kept) else []
+
+
+class _Cells:
+    """Counts of histogram cells, merged lazily: parts are joined (``np.unique`` of their
+    cells, counts added) once they hold more entries than the joined part, so the work is
+    linear in the number of entries and memory is at most a few times the distinct cells."""
+
+    __slots__ = ("cells", "counts", "pending", "size")
+
+    def __init__(self, cells: np.ndarray, counts: np.ndarray):
+        self.cells, self.counts, self.pending, self.size = cells, counts, [], 0
+
+    def merge(self, other: _Cells) -> _Cells:
+        self.pending.append((other.cells, other.counts))
+        self.size += len(other.cells)
+        if self.size > max(len(self.cells), 1 << 12):
+            self.join()
+        return self
+
+    def join(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.pending:
+            cells = np.concatenate([self.cells, *(p[0] for p in self.pending)])
+            counts = np.concatenate([self.counts, *(p[1] for p in self.pending)])
+            self.cells, inverse = np.unique(cells, return_inverse=True)
+            self.counts = np.bincount(inverse.reshape(-1), weights=counts,
+                                      minlength=len(self.cells)).astype(np.int64)
+            self.pending, self.size = [], 0
+        return self.cells, self.counts
+
+
+def _merge_histogram(a, b):
+    if a is None:
+        return b
+    a[0].merge(b[0])
+    a[1].extend(b[1])
+    return a
+
+
+@dataclass(frozen=True)
+class _EMPass:
+    """Per block: rows and :func:`em_statistics` of the rows in the frame."""
+
+    frame: Frame
+    weights: np.ndarray
+    reg: Regions
+    r: float
+
+    def __call__(self, X):
+        return len(X), *em_statistics(self.frame(X), self.weights, self.reg, self.r)
+
+
+def _iterate(rows: np.ndarray | Source, frame: Frame, design: Design, model: Model, s: float,
              rng: np.random.Generator, diag: dict, i: int, final: bool,
              history: list) -> Model:
-    """One iteration: regions and noise from released values, the statistics, their noisy
-    release, the next mixture."""
+    """One iteration: regions and noise from released values, the statistics (of rows in the
+    frame in memory, or one pass over a source, in the same blocks), their noisy release,
+    the next mixture."""
     reg = regions(design, model)
     noise = iteration_noise(design, s, final)
     r = design.region_radius
-    n, A, B = em_statistics(T, model.weights, reg, r)
+    if isinstance(rows, Source):
+        n_rows, n, A, B = rows.scan_rows(_EMPass(frame, model.weights, reg, r), add_tuples,
+                                         None, block_rows=BLOCK)
+        _check_rows(n_rows, design.n)
+    else:
+        n_rows = len(rows)
+        n, A, B = em_statistics(rows, model.weights, reg, r)
     k, d = A.shape
     release = released(
         f"dp-em iteration {i + 1}",
@@ -241,14 +383,14 @@ def _iterate(T: np.ndarray, design: Design, model: Model, s: float,
          A + rng.normal(0.0, noise.mean_sd, size=(k, d)),
          (np.stack([B[j] + symmetric_gaussian(d, noise.cov_sd, rng, isometric=True)
                     for j in range(k)]) if np.isfinite(noise.cov_sd) else None)),
-        rows=len(T), centres=reg.centres, shapes=reg.shape, radius=r, count_sd=noise.count_sd,
+        rows=n_rows, centres=reg.centres, shapes=reg.shape, radius=r, count_sd=noise.count_sd,
         mean_sd=noise.mean_sd, cov_sd=noise.cov_sd)
-    diag["iterations"].append({"sensitivity": s, "rows": len(T), "mean_share": noise.mean_share,
+    diag["iterations"].append({"sensitivity": s, "rows": n_rows, "mean_share": noise.mean_share,
                                "count_sd": noise.count_sd, "mean_sd": noise.mean_sd,
                                "cov_sd": noise.cov_sd})
-    est = estimate(design, reg, noise, *release, n_rows=len(T))
+    est = estimate(design, reg, noise, *release, n_rows=n_rows)
     history.append((model, reg, noise, est))
     return update(design, model, reg, noise, est)
 
 
-register_learner(NAME, learn_dpem)
+register_learner(NAME, learn_dpem, streams=True)
