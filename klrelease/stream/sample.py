@@ -25,10 +25,10 @@ __all__ = ["RowSample", "row_priorities", "sample_indices", "sample_rows", "stag
 #: Rows kept by the sample (a public constant: 2^16, about 5 MB at d = 10).
 SAMPLE_ROWS = 1 << 16
 
-#: Most rows, and most values (rows x features, 256 MB of float64), of the labelled sample
+#: Most rows, and most values (rows x features, 64 MB of float64), of the labelled sample
 #: that a streamed release's early stages read (:func:`stage_rows`): public constants.
 STAGE_ROWS = 1 << 18
-STAGE_VALUES = 1 << 25
+STAGE_VALUES = 1 << 23
 
 
 def stage_rows(n_features: int) -> int:
