@@ -109,12 +109,22 @@ def clip_factors(r, d: int) -> tuple[np.ndarray, np.ndarray]:
 _MEAN_SHARES = np.array([0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 1.0])
 
 
-def eig_apply(C: np.ndarray, fn) -> np.ndarray:
-    """``V fn(w) V^T`` for the symmetric part of ``C`` (batched); ``fn`` maps eigenvalues."""
+def eig_sym(C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvalues and eigenvectors of the symmetric part of ``C`` (batched; non-finite
+    entries read as 0): decompose once, then :func:`eig_map` as many functions as needed."""
     C = 0.5 * (C + np.swapaxes(C, -1, -2))
     C = np.where(np.isfinite(C), C, 0.0)
-    w, V = np.linalg.eigh(C)
+    return np.linalg.eigh(C)
+
+
+def eig_map(w: np.ndarray, V: np.ndarray, fn) -> np.ndarray:
+    """``V fn(w) V^T`` (batched)."""
     return (V * fn(w)[..., None, :]) @ np.swapaxes(V, -1, -2)
+
+
+def eig_apply(C: np.ndarray, fn) -> np.ndarray:
+    """``V fn(w) V^T`` for the symmetric part of ``C`` (batched); ``fn`` maps eigenvalues."""
+    return eig_map(*eig_sym(C), fn)
 
 
 def symmetric_gaussian(rng: np.random.Generator, sigma: np.ndarray, d: int) -> np.ndarray:
@@ -399,17 +409,16 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
         P = (scatter - np.einsum("k,kij->ij", n, _outer(shift) - means_cov)) / dof
         # the spectral norm of the symmetric Gaussian noise: about sigma sqrt(2 d)
         err = pub.scatter_sd * np.sqrt(2.0 * pub.n_features) / dof
-    P = 0.5 * (P + P.T)
-    P = np.where(np.isfinite(P), P, 0.0)
-    top = float(np.max(np.linalg.eigvalsh(P)))
+    w, V = eig_sym(P)
+    top = float(np.max(w))
     scale = top if np.isfinite(top) and top > 0 else 1.0
     err = err if np.isfinite(err) else scale
     # a floor relative to the largest eigenvalue, falling with the noise of the estimate
     floor = min(pub.settings["pooled_floor"] * scale, max(err, 1e-12 * scale))
     margin = pub.settings["eigen_margin"] * err
     if cover:
-        return eig_apply(P, lambda w: np.maximum(w, max(floor, margin)))
-    return eig_apply(P, lambda w: np.maximum(w - margin, floor))
+        return eig_map(w, V, lambda w: np.maximum(w, max(floor, margin)))
+    return eig_map(w, V, lambda w: np.maximum(w - margin, floor))
 
 
 # ------------------------------------------------------------------- stage C: class regions
@@ -441,7 +450,7 @@ def responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     Pinv = np.linalg.inv(P)
     lw = np.log(np.maximum(n / n.sum(), 1e-300))
     c = 0.5 * np.einsum("ki,ij,kj->k", means, Pinv, means)
-    logit = T @ Pinv @ means.T - c[None, :] + lw[None, :]
+    logit = T @ (Pinv @ means.T) - c[None, :] + lw[None, :]
     logit -= logit.max(axis=1, keepdims=True)
     R = np.exp(logit)
     return R / R.sum(axis=1, keepdims=True)
@@ -478,7 +487,10 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     for k in range(K):
         U = (T - reg.centres[k]) @ reg.W[k]
         V = clip_to_norm(U, reg.radius[k])
-        w = resp[:, k:k + 1] * scale
+        # a row inside the ball is its own clip: only the clipped rows contribute
+        out = np.flatnonzero(np.any(U != V, axis=1))
+        U, V = U[out], V[out]
+        w = resp[out, k:k + 1] * scale
         E1[k] = np.sum(w * (U - V), axis=0)
         E2[k] = (U * w).T @ U - (V * w).T @ V
     return E1, E2
@@ -506,12 +518,13 @@ def regions(pub: PublicInputs, centre: np.ndarray, centre_cov: np.ndarray,
         glob = ~np.all(np.isfinite(shape), axis=(1, 2))
     shape = np.where(glob[:, None, None], (R / r)[:, None, None] ** 2 * np.eye(d)[None], shape)
     ctr = np.where(glob[:, None], 0.0, centre)
-    top = np.linalg.eigvalsh(shape)[:, -1]
-    floor = 1e-12 * np.where(np.isfinite(top) & (top > 0), top, 1.0)
-    W = np.stack([eig_apply(shape[k], lambda w, f=floor[k]: 1 / np.sqrt(np.maximum(w, f)))
-                  for k in range(K)])
-    W_inv = np.stack([eig_apply(shape[k], lambda w, f=floor[k]: np.sqrt(np.maximum(w, f)))
-                      for k in range(K)])
+    W, W_inv = np.empty((K, d, d)), np.empty((K, d, d))
+    for k in range(K):
+        w, V = eig_sym(shape[k])
+        top = float(w[-1])
+        w = np.maximum(w, 1e-12 * (top if np.isfinite(top) and top > 0 else 1.0))
+        W[k] = eig_map(w, V, lambda w: 1 / np.sqrt(w))
+        W_inv[k] = eig_map(w, V, np.sqrt)
     return Regions(ctr, W, W_inv, W_inv @ W_inv, glob, r)
 
 
@@ -773,11 +786,13 @@ def _corrected(pub: PublicInputs, reg: Regions, resp, output: dict, suffix: str)
 
 
 def _at_least(C: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """A matrix at least ``B`` and at least ``C`` along every direction of ``B``'s frame:
-    ``B^{1/2} max(B^{-1/2} C B^{-1/2}, I) B^{1/2}``."""
-    Bh = eig_apply(B, lambda w: np.sqrt(np.maximum(w, 1e-300)))
-    Bih = eig_apply(B, lambda w: 1 / np.sqrt(np.maximum(w, 1e-300)))
-    return Bh @ eig_apply(Bih @ C @ Bih, lambda w: np.maximum(w, 1.0)) @ Bh
+    """Matrices at least ``B`` and at least ``C[k]`` along every direction of ``B``'s frame:
+    ``B^{1/2} max(B^{-1/2} C_k B^{-1/2}, I) B^{1/2}`` for each ``k``."""
+    w, V = eig_sym(B)
+    Bh = eig_map(w, V, lambda w: np.sqrt(np.maximum(w, 1e-300)))
+    Bih = eig_map(w, V, lambda w: 1 / np.sqrt(np.maximum(w, 1e-300)))
+    return np.stack([Bh @ eig_apply(Bih @ c @ Bih, lambda w: np.maximum(w, 1.0)) @ Bh
+                     for c in C])
 
 
 def round_two_design(pub: PublicInputs, output: dict, first: dict | None = None) -> dict:
@@ -793,27 +808,28 @@ def round_two_design(pub: PublicInputs, output: dict, first: dict | None = None)
     noise = class_noise(pub, n, first["shares"][1], energy)
     shapes = covs
     if pub.settings.get("round_cover", 0.0) > 0:
-        shapes = np.stack([_at_least(c, pub.settings["round_cover"] * first["pooled"])
-                           for c in covs])
+        shapes = _at_least(covs, pub.settings["round_cover"] * first["pooled"])
     reg = regions(pub, means, Cm, shapes, noise.radius, allow_global=False)
     return {"n": n, "means": means, "means_cov": Cm, "pooled": P, "covs": covs,
             "regions": reg, "noise": noise}
 
 
-def estimate(pub: PublicInputs, output: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
+             second: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Weights, means and covariances (raw units) from the released values (post-processing).
 
     ``output`` holds the raw released arrays: ``counts``, ``sums`` (stage A), ``scatter``
     (stage B, replace-one), ``class_sums`` and ``class_scatter`` (stage C, in the class
     regions' coordinates) and, after a second round, ``class_sums_2`` and ``class_scatter_2``.
-    The design is recomputed from them exactly as the mechanism did.
+    The design is recomputed from them exactly as the mechanism did, unless given: ``first``
+    (:func:`stage_c_design`) and ``second`` (:func:`round_two_design`) of this ``output``.
     """
     K, d, N = pub.n_classes, pub.n_features, pub.n_samples
-    first = stage_c_design(pub, output)
+    first = stage_c_design(pub, output) if first is None else first
     if len(first["shares"]) == 1:
         means, _, _, covs = _first_round(pub, output, first)
     else:
-        second = round_two_design(pub, output, first)
+        second = round_two_design(pub, output, first) if second is None else second
         n, reg, noise = second["n"], second["regions"], second["noise"]
         S1, S2, corr = _corrected(pub, reg, first["resp"], output, "_2")
         m3, C3 = _region_means(reg, noise, n, S1, d, corr)
@@ -888,7 +904,7 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
         # eigenvalues floored, direction by direction, at a fraction of the target's variance
         # there (the public shape: the scale a class plausibly has in that direction)
         vals, vecs = np.linalg.eigh(0.5 * (Ck + Ck.T))
-        prior = np.einsum("ji,jk,ki->i", vecs, T, vecs)
+        prior = np.einsum("ji,ji->i", vecs, T @ vecs)
         floor = np.maximum(s["class_floor"] * prior,
                            1e-12 * max(float(np.abs(np.diag(T)).max()), 1e-300))
         covs[k] = (vecs * np.maximum(vals, floor)) @ vecs.T

@@ -350,11 +350,12 @@ class _RegionClip:
 
 
 def sample_radius(frame: Frame, sample: np.ndarray, budget: Budget, n_samples: int,
-                  n_classes: int) -> float:
+                  n_classes: int, rows: np.ndarray | None = None) -> float:
     """Label flip: the stage-A radius from the frame norms of the row sample
     (:mod:`klrelease.stream.sample`: every row when N <= 65536), :func:`.design.flip_radius`.
+    ``rows``: the sample already in the frame (``frame.to_frame(sample)``), if computed.
     """
-    T = frame.to_frame(sample)
+    T = frame.to_frame(sample) if rows is None else rows
     norms = np.sqrt(np.einsum("ij,ij->i", T, T))
     return flip_radius(norms, n_samples, n_classes, frame.W.shape[0], budget.sums,
                        SETTINGS["radius_quantile"])
@@ -427,12 +428,13 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
         check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)), "the features' standard deviations")
         frame = whitening_frame(mean, C)
         clip, where, window = None, "the public features (whitened)", None
-        R = sample_radius(frame, sample, budget_of(N), N, K)
+        public_rows = frame.to_frame(sample)
+        R = sample_radius(frame, sample, budget_of(N), N, K, public_rows)
         total_scatter = frame.W.T @ M2 @ frame.W
         counts, sums, total = source.sums(_FrameClip(frame, clip, R))
         return dict(frame=frame, rows=_StreamRows(source, frame, clip), N=N, R=R,
                     total_scatter=total_scatter, sums=sums, counts=counts, total_sums=total,
-                    where=where, window=window, public_rows=frame.to_frame(sample))
+                    where=where, window=window, public_rows=public_rows)
     if bounds_from_data:
         raise ValueError("bounds_from_data=True needs the data in memory; give a public "
                          "bound (bounds= or norm_bound=) for streamed data")
@@ -543,8 +545,21 @@ class KLCertifiedPlan(Plan):
     @blas_single_thread
     @quiet
     def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return self._sample(rng)[0]
+
+    @blas_single_thread
+    @quiet
+    def draw(self, rng: np.random.Generator) -> GMM:
+        """Sample and finalise one release, the stage-C designs computed once: the sample
+        keeps them (functions of the released values it returns) for the estimate, which
+        would otherwise recompute them from the same values."""
+        return self._finalize(*self._sample(rng))
+
+    def _sample(self, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], dict]:
+        """A raw output and the stage-C designs computed from it (``first``, ``second``)."""
         pub = self.public
         K, d = pub.n_classes, pub.n_features
+        designs = {}
         out = {"counts": self.counts + rng.standard_normal(K) * pub.count_sd}
         if pub.label_flip:
             sums = self.sums
@@ -554,34 +569,34 @@ class KLCertifiedPlan(Plan):
                 for key, first in (("locate_1", True), ("locate_2", False)):
                     H = self._read(self._histograms, window, bins_of(pub, first))
                     if H is None:
-                        return out
+                        return out, designs
                     out[key] = H + rng.standard_normal(H.shape) * pub.locate_sd
                     if first:
                         window = second_window(pub, out)
             pub = self.working(out)
             sums = self._read(self._stage_a, pub)
             if sums is None:
-                return out
+                return out, designs
         out["sums"] = sums + rng.standard_normal((K, d)) * pub.sums_sd
         if not pub.label_flip:
             m1 = centres(pub, out["counts"], out["sums"])[1]
             S_B = self._read(self._stage_b, pub, m1)
             if S_B is None:
-                return out
+                return out, designs
             out["scatter"] = S_B + symmetric_gaussian(rng, np.asarray(pub.scatter_sd), d)
-        design = stage_c_design(pub, out)
+        design = designs["first"] = stage_c_design(pub, out)
         stats = self._read(self._stage_c, pub, design)
         if stats is None:
-            return out
+            return out, designs
         out["class_sums"], out["class_scatter"] = self._draw_round(rng, stats, design["noise"], d)
         if len(design["shares"]) > 1:
-            second = round_two_design(pub, out, design)
+            second = designs["second"] = round_two_design(pub, out, design)
             stats = self._read(self._stage_c, pub, second)
             if stats is None:
-                return out
+                return out, designs
             out["class_sums_2"], out["class_scatter_2"] = self._draw_round(
                 rng, stats, second["noise"], d)
-        return out
+        return out, designs
 
     @blas_single_thread
     @quiet
@@ -622,14 +637,20 @@ class KLCertifiedPlan(Plan):
     @blas_single_thread
     @quiet
     def finalize(self, output: dict[str, np.ndarray]) -> GMM:
+        return self._finalize(output, {})
+
+    def _finalize(self, output: dict[str, np.ndarray], designs: dict) -> GMM:
+        """:meth:`finalize`, with the stage-C designs of ``output`` when already computed."""
         if "class_sums" not in output or (
                 "class_sums_2" not in output
-                and len(stage_c_design(self.working(output), output)["shares"]) > 1):
+                and len((designs.get("first") or stage_c_design(self.working(output),
+                                                                output))["shares"]) > 1):
             # the source failed after noise was drawn (see sample)
             self.fallbacks += 1
             return _fallback_gmm(self, output)
         try:
-            w, m, c = estimate(self.working(output), output)
+            w, m, c = estimate(self.working(output), output, designs.get("first"),
+                               designs.get("second"))
             return check_gmm(GMM(w, m, c, self.classes))  # what the artifact will require
         except (ValueError, np.linalg.LinAlgError, FloatingPointError):
             # Never fail after noise was drawn: a cruder post-processing of the same released
@@ -838,7 +859,7 @@ class KLCertified(Mechanism):
 
                 sample = sample_rows(data.X)
                 public_rows = frame.to_frame(sample)
-                R = sample_radius(frame, sample, budget, N, K)
+                R = sample_radius(frame, sample, budget, N, K, public_rows)
                 # public totals from the rows in their own order: bit for bit the same
                 # function of the features whatever the labels (sorted rows would round by
                 # label)
