@@ -468,8 +468,9 @@ def public_shapes(pub: PublicInputs, resp: np.ndarray | None, means: np.ndarray,
     w = resp.sum(axis=0)
     out = np.empty((K, d, d))
     for k in range(K):
-        D = T - means[k]
-        S = (D * resp[:, k:k + 1]).T @ D / max(w[k], 1e-300)
+        on = np.flatnonzero(resp[:, k] != 0)  # a row of posterior 0 adds nothing
+        A = (T[on] - means[k]) * np.sqrt(resp[on, k:k + 1])
+        S = A.T @ A / max(w[k], 1e-300)  # a Gram of one array: a symmetric rank-k update
         out[k] = 0.5 * (S + S.T) + 1e-3 * pooled
     return out
 
@@ -485,14 +486,18 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     scale = pub.n_samples / T.shape[0]
     E1, E2 = np.zeros((K, d)), np.zeros((K, d, d))
     for k in range(K):
-        U = (T - reg.centres[k]) @ reg.W[k]
+        on = np.flatnonzero(resp[:, k] != 0)  # a row of posterior 0 adds nothing
+        U = (T[on] - reg.centres[k]) @ reg.W[k]
         V = clip_to_norm(U, reg.radius[k])
         # a row inside the ball is its own clip: only the clipped rows contribute
         out = np.flatnonzero(np.any(U != V, axis=1))
         U, V = U[out], V[out]
-        w = resp[out, k:k + 1] * scale
+        w = resp[on[out], k:k + 1] * scale
         E1[k] = np.sum(w * (U - V), axis=0)
-        E2[k] = (U * w).T @ U - (V * w).T @ V
+        # u u^T - v v^T = (1 - ||v||^2 / ||u||^2) u u^T (v is u scaled): one Gram, not two
+        shrink = 1.0 - np.einsum("ij,ij->i", V, V) / np.einsum("ij,ij->i", U, U)
+        A = U * np.sqrt(w * np.maximum(shrink, 0.0)[:, None])
+        E2[k] = A.T @ A
     return E1, E2
 
 
@@ -731,6 +736,29 @@ def _region_means(reg: Regions, noise: ClassNoise, n: np.ndarray, sums: np.ndarr
     return m, C
 
 
+def _region_precisions(reg: Regions, noise: ClassNoise, n: np.ndarray, d: int,
+                       corrected: bool = False) -> np.ndarray:
+    """The inverses of :func:`_region_means`'s noise covariances, ``c_k shape_k`` with
+    ``shape_k = W_k^-2``: ``W_k^2 / c_k``, from the regions' own square roots."""
+    h = np.ones(len(n)) if corrected else clip_factors(reg.radius, d)[0]
+    return ((n * h) ** 2 / noise.mean_sd**2)[:, None, None] * (reg.W @ reg.W)
+
+
+def _centre_precisions(pub: PublicInputs, n: np.ndarray, m: np.ndarray,
+                       C: np.ndarray) -> np.ndarray:
+    """The inverses of :func:`centres`'s noise covariances ``C_k = (a I + b m_k m_k^T) / n_k^2``
+    (``a = s_A^2``, ``b = s_n^2``), by Sherman-Morrison: ``(n_k^2 / a) (I - b m_k m_k^T /
+    (a + b ||m_k||^2))``; the pseudo-inverse of ``C_k`` where its condition number is too large
+    for the closed form to be the same."""
+    a, b = pub.sums_sd**2, pub.count_sd**2
+    mm = np.einsum("ki,ki->k", m, m)
+    A = (n**2 / a)[:, None, None] * (np.eye(m.shape[1])[None]
+                                     - (b / (a + b * mm))[:, None, None] * _outer(m))
+    for k in np.flatnonzero(~(b * mm <= 1e12 * a)):
+        A[k] = np.linalg.pinv(C[k], hermitian=True)
+    return A
+
+
 def _pooled(pub: PublicInputs, output: dict, n, means, means_cov, m1,
             cover: bool = False) -> np.ndarray:
     if pub.label_flip:
@@ -761,7 +789,10 @@ def _first_round(pub: PublicInputs, output: dict, first: dict):
     n, reg, noise = first["n"], first["regions"], first["noise"]
     S1, S2, corr = _corrected(pub, reg, first["resp"], output, "")
     m2, C2 = _region_means(reg, noise, n, S1, d, corr)
-    means, Cm = precision_combine(first["m1"], first["C1"], m2, C2)
+    means, Cm = precision_combine(
+        first["m1"], first["C1"], m2, C2,
+        _centre_precisions(pub, n, first["m1"], first["C1"]),
+        _region_precisions(reg, noise, n, d, corr))
     P = _pooled(pub, output, n, means, Cm, first["m1"])
     shapes = public_shapes(pub, responsibilities(pub, n, means, P), means, P)
     # the public class shape is the target of a class whose second moments were released;
@@ -833,7 +864,8 @@ def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
         n, reg, noise = second["n"], second["regions"], second["noise"]
         S1, S2, corr = _corrected(pub, reg, first["resp"], output, "_2")
         m3, C3 = _region_means(reg, noise, n, S1, d, corr)
-        means, _ = precision_combine(second["means"], second["means_cov"], m3, C3)
+        means, _ = precision_combine(second["means"], second["means_cov"], m3, C3,
+                                     A2=_region_precisions(reg, noise, n, d, corr))
         target = reg.W @ second["covs"] @ reg.W
         covs = np.stack([reg.W_inv[k] @ class_covariance(pub, noise, n, S1, S2, target[k], k,
                                                          corr)

@@ -855,10 +855,11 @@ class KLCertified(Mechanism):
             from ...statistics import class_blocks
 
             if lf:
-                from ...stream.sample import sample_rows
+                from ...stream.sample import sample_indices
 
-                sample = sample_rows(data.X)
-                public_rows = frame.to_frame(sample)
+                # the row sample in the frame: its rows of T (the same per-row map)
+                pick = sample_indices(N)
+                sample, public_rows = data.X[pick], T[pick]
                 R = sample_radius(frame, sample, budget, N, K, public_rows)
                 # public totals from the rows in their own order: bit for bit the same
                 # function of the features whatever the labels (sorted rows would round by
