@@ -705,10 +705,11 @@ class KLCertified(Mechanism):
         """The randomized-response design (label flip): reported labels, then
         :func:`.design.response_estimate` in the public whitened frame."""
         from ...stream import Source
-        from ...stream.sample import sample_rows
+        from ...stream.sample import sample_indices
 
         declared = bool(getattr(data, "classes_declared", False))
         K, d = len(data.classes), data.n_features
+        T = None
         if isinstance(data, Source):
             m0, sample = data.pooled_and_sample() if pooled is None else pooled
             N, mean, M2 = int(round(m0.counts[0])), m0.means[0], m0.scatters[0]
@@ -716,15 +717,18 @@ class KLCertified(Mechanism):
             check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)),
                          "the features' standard deviations")
             frame = whitening_frame(mean, C)
+            rows = frame.to_frame(sample)
         else:
-            X = data.X
-            N, sample = data.n_samples, sample_rows(X)
-            frame = whitening_frame(*_public_moments(X))
-        rows = frame.to_frame(sample)
+            N = data.n_samples
+            frame = whitening_frame(*_public_moments(data.X))
+            # every row in the frame once; the row sample is its rows of the sampled indices
+            T = frame.to_frame(data.X)
+            rows = T[sample_indices(N)]
         classes = data.classes
         guarantee = response_guarantee(self.name, epsilon, delta, K, declared,
                                        "klrelease/mechanisms/kl_certified/kl_certified.md")
 
+        @blas_single_thread  # d x d work per class, like the Gaussian design's
         def estimate(m):
             try:
                 w, mu, covs = response_estimate(m, epsilon=epsilon, n_classes=K, n_samples=N,
@@ -754,7 +758,7 @@ class KLCertified(Mechanism):
 
         return response_plan(data, name=self.name, epsilon=epsilon, frame=frame,
                              estimate=estimate, guarantee=guarantee, public=public,
-                             fallback=public_model)
+                             fallback=public_model, rows=T)
 
     def check_claim(self, *, epsilon, delta, public) -> None:
         """The recorded budget must be the one (epsilon, delta) gives: the Gaussian design's
