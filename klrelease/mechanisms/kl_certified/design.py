@@ -37,6 +37,7 @@ from scipy.stats import chi2
 from ...linalg import precision_combine, vech
 from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.projections import project_simplex
+from ...rows import ROW_BLOCK
 from ...statistics import affine_rows, clip_to_norm
 
 __all__ = [
@@ -469,8 +470,12 @@ def public_shapes(pub: PublicInputs, resp: np.ndarray | None, means: np.ndarray,
     out = np.empty((K, d, d))
     for k in range(K):
         on = np.flatnonzero(resp[:, k] != 0)  # a row of posterior 0 adds nothing
-        A = (T[on] - means[k]) * np.sqrt(resp[on, k:k + 1])
-        S = A.T @ A / max(w[k], 1e-300)  # a Gram of one array: a symmetric rank-k update
+        S = np.zeros((d, d))
+        for a in range(0, on.size, ROW_BLOCK):  # in blocks of rows: bounded memory
+            b = on[a:a + ROW_BLOCK]
+            A = (T[b] - means[k]) * np.sqrt(resp[b, k:k + 1])
+            S += A.T @ A  # a Gram of one array: a symmetric rank-k update
+        S /= max(w[k], 1e-300)
         out[k] = 0.5 * (S + S.T) + 1e-3 * pooled
     return out
 
@@ -487,17 +492,19 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     E1, E2 = np.zeros((K, d)), np.zeros((K, d, d))
     for k in range(K):
         on = np.flatnonzero(resp[:, k] != 0)  # a row of posterior 0 adds nothing
-        U = (T[on] - reg.centres[k]) @ reg.W[k]
-        V = clip_to_norm(U, reg.radius[k])
-        # a row inside the ball is its own clip: only the clipped rows contribute
-        out = np.flatnonzero(np.any(U != V, axis=1))
-        U, V = U[out], V[out]
-        w = resp[on[out], k:k + 1] * scale
-        E1[k] = np.sum(w * (U - V), axis=0)
-        # u u^T - v v^T = (1 - ||v||^2 / ||u||^2) u u^T (v is u scaled): one Gram, not two
-        shrink = 1.0 - np.einsum("ij,ij->i", V, V) / np.einsum("ij,ij->i", U, U)
-        A = U * np.sqrt(w * np.maximum(shrink, 0.0)[:, None])
-        E2[k] = A.T @ A
+        for a in range(0, on.size, ROW_BLOCK):  # in blocks of rows: bounded memory
+            b = on[a:a + ROW_BLOCK]
+            U = (T[b] - reg.centres[k]) @ reg.W[k]
+            V = clip_to_norm(U, reg.radius[k])
+            # a row inside the ball is its own clip: only the clipped rows contribute
+            out = np.flatnonzero(np.any(U != V, axis=1))
+            U, V = U[out], V[out]
+            w = resp[b[out], k:k + 1] * scale
+            E1[k] += np.sum(w * (U - V), axis=0)
+            # u u^T - v v^T = (1 - ||v||^2 / ||u||^2) u u^T (v is u scaled): one Gram
+            shrink = 1.0 - np.einsum("ij,ij->i", V, V) / np.einsum("ij,ij->i", U, U)
+            A = U * np.sqrt(w * np.maximum(shrink, 0.0)[:, None])
+            E2[k] += A.T @ A
     return E1, E2
 
 

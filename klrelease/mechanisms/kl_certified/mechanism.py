@@ -214,14 +214,20 @@ def _warn_bounds_from_data():
 
 
 class _MemoryRows:
-    """The rows in the frame, grouped by class, in memory (the fast path)."""
+    """The rows in the frame, grouped by class, in memory (the fast path): ``T`` and the
+    indices of each class's rows in their order (a class's rows are gathered when read, so
+    the rows are held once)."""
 
-    def __init__(self, rows: list):
-        self.rows = rows
+    def __init__(self, T: np.ndarray, blocks: list):
+        self.T, self.blocks = T, blocks
+
+    @property
+    def rows(self):
+        return (self.T[b] for b in self.blocks)
 
     def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Per class k: the sum and (``second``) second moment of ``fn(T_k, k)``."""
-        K = len(self.rows)
+        K = len(self.blocks)
         S1, S2 = np.zeros((K, d)), np.zeros((K, d, d))
         for k, T in enumerate(self.rows):
             if T.shape[0]:
@@ -874,13 +880,11 @@ class KLCertified(Mechanism):
                 R = located_radius(d, N, K, budget)
                 total_scatter = total_sums = public_rows = None
             order, bounds = class_blocks(data.codes, K)
-            blocks = [slice(bounds[k], bounds[k + 1]) for k in range(K)]
-            T = np.take(T, order, axis=0)
-            rows = _MemoryRows([T[b] for b in blocks])
+            blocks = [order[bounds[k]:bounds[k + 1]] for k in range(K)]
+            rows = _MemoryRows(T, blocks)
             counts = np.diff(bounds).astype(float)
             sums = None
             if lf:
-                A = np.take(A, order, axis=0)
                 sums = np.stack([A[b].sum(axis=0) for b in blocks])
         if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
             where = "the public bound"  # too few rows to locate at this budget
