@@ -36,12 +36,13 @@ def unvech(v: np.ndarray, d: int, *, isometric: bool = False) -> np.ndarray:
     return out
 
 
-def precision_combine(m1, C1, m2, C2):
+def precision_combine(m1, C1, m2, C2, A1=None, A2=None):
     """Precision-weighted combination of two independent estimates ``(m1, C1)`` and
     ``(m2, C2)`` of the same means, batched over a leading axis: ``(m, C)`` with
-    ``C = (C1^+ + C2^+)^+``."""
-    A1 = np.linalg.pinv(C1, hermitian=True)
-    A2 = np.linalg.pinv(C2, hermitian=True)
+    ``C = (C1^+ + C2^+)^+``. ``A1``, ``A2``: the precisions ``C1^+``, ``C2^+`` when the caller
+    has them in closed form (the pseudo-inverse of a d x d matrix is then not recomputed)."""
+    A1 = np.linalg.pinv(C1, hermitian=True) if A1 is None else A1
+    A2 = np.linalg.pinv(C2, hermitian=True) if A2 is None else A2
     C = np.linalg.pinv(A1 + A2, hermitian=True)
     m = np.einsum("kij,kj->ki", C, np.einsum("kij,kj->ki", A1, m1)
                   + np.einsum("kij,kj->ki", A2, m2))

@@ -507,3 +507,118 @@ def test_stages_read_on_a_sample_stay_within_their_sensitivity(relation, monkeyp
     assert sampled_round  # a first stage-C round read the sample
     assert np.all(worst <= 1 + 1e-9), worst
     assert worst[-1] > 0.2 and worst[-2] > 0.05  # the rounds are exercised
+
+
+# --------------------------------------------------------------------------- cost at large d
+
+
+def _classes3(n, d=12, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    X = rng.normal(size=(n, d)) * (1.0 + 0.3 * y[:, None]) + 3.0 * y[:, None]
+    return X, y
+
+
+#: (rows, epsilon, options): one and two stage-C rounds under both relations
+_ROUNDS = [(3000, 1.0, {"design": "gaussian"}, 1),
+           (200000, 50.0, {"design": "gaussian"}, 2),
+           (3000, 1.0, {"adjacency": "replace-one", "norm_bound": 80.0}, 1),
+           (200000, 50.0, {"adjacency": "replace-one", "norm_bound": 80.0}, 2)]
+
+
+@pytest.mark.parametrize("n,eps,options,rounds", _ROUNDS)
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_draw_keeps_its_designs_and_releases_the_finalized_sample(n, eps, options, rounds,
+                                                                    streamed):
+    """``draw`` hands the stage-C designs it computed to the estimate; ``finalize`` of the
+    same raw output recomputes them from the released values: the same model, bit for bit."""
+    from klrelease.stream import ArraySource
+
+    X, y = _classes3(n)
+    src = (ArraySource(X, y, classes=[0, 1, 2], chunk_rows=50000), None) if streamed else (X, y)
+    p = kr.plan(*src, epsilon=eps, delta=1e-6, classes=[0, 1, 2], **options)
+    out = p.sample(np.random.default_rng(5))
+    assert ("class_sums_2" in out) == (rounds == 2)
+    a, b = p.draw(np.random.default_rng(5)), p.finalize(out)
+    for name in ("weights", "means", "covariances"):
+        assert np.array_equal(getattr(a, name), getattr(b, name))
+
+
+@pytest.mark.parametrize("n,eps,options,rounds", _ROUNDS)
+def test_a_draw_decomposes_a_bounded_number_of_d_by_d_matrices(n, eps, options, rounds,
+                                                               monkeypatch):
+    """The cost of a release at large d is its d x d decompositions (eigh, eigvalsh, inv,
+    pinv, svd, cholesky; each O(d^3)): a bounded number per class and round, none repeated
+    for the same matrix (each region once, the pooled covariance once, the stage-C designs
+    of a draw not recomputed for its estimate)."""
+    d, K = 12, 3
+    X, y = _classes3(n, d)
+    p = kr.plan(X, y, epsilon=eps, delta=1e-6, classes=[0, 1, 2], **options)
+    count = [0]
+
+    def counting(f):
+        def counted(a, *args, **kw):
+            a_ = np.asarray(a)
+            if a_.ndim >= 2 and a_.shape[-2:] == (d, d):
+                count[0] += int(np.prod(a_.shape[:-2], dtype=int))
+            return f(a, *args, **kw)
+        return counted
+
+    for name in ("eigh", "eigvalsh", "inv", "pinv", "svd", "cholesky"):
+        monkeypatch.setattr(np.linalg, name, counting(getattr(np.linalg, name)))
+    p.draw(np.random.default_rng(0))
+    # measured: 20 (label flip) and 18 (replace-one) per round at K = 3, against 56 to 116
+    # when the same matrices were decomposed again
+    assert count[0] <= 7 * K * rounds
+
+
+def test_tail_corrections_and_public_shapes_match_their_definitions():
+    """The clipped rows' corrections (only rows of non-zero posterior, only clipped rows, one
+    Gram of ``(1 - ||v||^2/||u||^2) u u^T``) and the public class shapes (a Gram of the
+    rows scaled by the root of their posterior) equal the sums over every row."""
+    X, y = _classes3(4000, d=6)
+    X[::37] *= 5.0  # rows far out: clipped
+    p = kr.plan(X, y, epsilon=2.0, delta=1e-6, classes=[0, 1, 2], design="gaussian")
+    pub = p.public
+    first = design.stage_c_design(pub, p.sample(np.random.default_rng(1)))
+    reg, resp, T = first["regions"], first["resp"], pub.public_rows
+    E1, E2 = design.tail_corrections(pub, reg, resp)
+    shapes = design.public_shapes(pub, resp, first["m1"], first["pooled"])
+    scale = pub.n_samples / T.shape[0]
+    for k in range(3):
+        U = (T - reg.centres[k]) @ reg.W[k]
+        V = clip_to_norm(U, reg.radius[k])
+        w = resp[:, k:k + 1] * scale
+        assert np.any(np.any(U != V, axis=1))
+        np.testing.assert_allclose(E1[k], np.sum(w * (U - V), axis=0), rtol=1e-10,
+                                   atol=1e-10 * np.abs(E1[k]).max())
+        ref = (U * w).T @ U - (V * w).T @ V
+        np.testing.assert_allclose(E2[k], ref, rtol=0, atol=1e-10 * np.abs(ref).max())
+        D = T - first["m1"][k]
+        S = (D * resp[:, k:k + 1]).T @ D / resp[:, k].sum()
+        ref = 0.5 * (S + S.T) + 1e-3 * first["pooled"]
+        np.testing.assert_allclose(shapes[k], ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("relation", ["label-flip", "replace-one"])
+def test_closed_form_precisions_are_the_pseudo_inverses(relation):
+    """Stage A's centres (identity plus rank one: Sherman-Morrison) and the stage-C regions
+    (their own inverse square roots) give their precisions in closed form: the pseudo-inverses
+    of their noise covariances."""
+    X, y = _classes3(3000, d=5)
+    options = ({"design": "gaussian"} if relation == "label-flip"
+               else {"adjacency": "replace-one", "norm_bound": 80.0})
+    p = kr.plan(X, y, epsilon=1.0, delta=1e-6, classes=[0, 1, 2], **options)
+    out = p.sample(np.random.default_rng(2))
+    pub = p.working(out)
+    first = design.stage_c_design(pub, out)
+    n, reg, noise = first["n"], first["regions"], first["noise"]
+    A1 = design._centre_precisions(pub, n, first["m1"], first["C1"])
+    np.testing.assert_allclose(A1, np.linalg.pinv(first["C1"], hermitian=True), rtol=1e-9,
+                               atol=1e-12 * np.abs(A1).max())
+    for corrected in (False, True):
+        _, C2 = design._region_means(reg, noise, n, np.zeros((3, 5)), 5, corrected)
+        A2 = design._region_precisions(reg, noise, n, 5, corrected)
+        np.testing.assert_allclose(A2, np.linalg.pinv(C2, hermitian=True), rtol=1e-9,
+                                   atol=1e-12 * np.abs(A2).max())
+

@@ -168,8 +168,10 @@ def response_guarantee(name: str, epsilon: float, delta: float, n_classes: int,
 
 
 def response_plan(data, *, name: str, epsilon: float, frame, estimate,
-                  guarantee: Guarantee, public: dict, fallback=None) -> ResponsePlan:
-    """A :class:`~klrelease.mechanisms.response.ResponsePlan` on in-memory or streamed data."""
+                  guarantee: Guarantee, public: dict, fallback=None,
+                  rows: np.ndarray | None = None) -> ResponsePlan:
+    """A :class:`~klrelease.mechanisms.response.ResponsePlan` on in-memory or streamed data
+    (``rows``: in memory, ``frame.to_frame(data.X)`` when the caller has it already)."""
     from ..stream import Source
 
     K = len(data.classes)
@@ -180,4 +182,5 @@ def response_plan(data, *, name: str, epsilon: float, frame, estimate,
                             estimate=estimate, fallback=fallback)
     return ResponsePlan(mechanism=name, guarantee=guarantee, classes=data.classes,
                         public_options=public, epsilon=epsilon, n_classes=K,
-                        rows=frame.to_frame(data.X), codes=data.codes, estimate=estimate)
+                        rows=frame.to_frame(data.X) if rows is None else rows,
+                        codes=data.codes, estimate=estimate)

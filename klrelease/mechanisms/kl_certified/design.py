@@ -37,6 +37,7 @@ from scipy.stats import chi2
 from ...linalg import precision_combine, vech
 from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.projections import project_simplex
+from ...rows import ROW_BLOCK
 from ...statistics import affine_rows, clip_to_norm
 
 __all__ = [
@@ -109,12 +110,22 @@ def clip_factors(r, d: int) -> tuple[np.ndarray, np.ndarray]:
 _MEAN_SHARES = np.array([0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 1.0])
 
 
-def eig_apply(C: np.ndarray, fn) -> np.ndarray:
-    """``V fn(w) V^T`` for the symmetric part of ``C`` (batched); ``fn`` maps eigenvalues."""
+def eig_sym(C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvalues and eigenvectors of the symmetric part of ``C`` (batched; non-finite
+    entries read as 0): decompose once, then :func:`eig_map` as many functions as needed."""
     C = 0.5 * (C + np.swapaxes(C, -1, -2))
     C = np.where(np.isfinite(C), C, 0.0)
-    w, V = np.linalg.eigh(C)
+    return np.linalg.eigh(C)
+
+
+def eig_map(w: np.ndarray, V: np.ndarray, fn) -> np.ndarray:
+    """``V fn(w) V^T`` (batched)."""
     return (V * fn(w)[..., None, :]) @ np.swapaxes(V, -1, -2)
+
+
+def eig_apply(C: np.ndarray, fn) -> np.ndarray:
+    """``V fn(w) V^T`` for the symmetric part of ``C`` (batched); ``fn`` maps eigenvalues."""
+    return eig_map(*eig_sym(C), fn)
 
 
 def symmetric_gaussian(rng: np.random.Generator, sigma: np.ndarray, d: int) -> np.ndarray:
@@ -404,17 +415,16 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
         P = (scatter - np.einsum("k,kij->ij", n, _outer(shift) - means_cov)) / dof
         # the spectral norm of the symmetric Gaussian noise: about sigma sqrt(2 d)
         err = pub.scatter_sd * np.sqrt(2.0 * pub.n_features) / dof
-    P = 0.5 * (P + P.T)
-    P = np.where(np.isfinite(P), P, 0.0)
-    top = float(np.max(np.linalg.eigvalsh(P)))
+    w, V = eig_sym(P)
+    top = float(np.max(w))
     scale = top if np.isfinite(top) and top > 0 else 1.0
     err = err if np.isfinite(err) else scale
     # a floor relative to the largest eigenvalue, falling with the noise of the estimate
     floor = min(pub.settings["pooled_floor"] * scale, max(err, 1e-12 * scale))
     margin = pub.settings["eigen_margin"] * err
     if cover:
-        return eig_apply(P, lambda w: np.maximum(w, max(floor, margin)))
-    return eig_apply(P, lambda w: np.maximum(w - margin, floor))
+        return eig_map(w, V, lambda w: np.maximum(w, max(floor, margin)))
+    return eig_map(w, V, lambda w: np.maximum(w - margin, floor))
 
 
 # ------------------------------------------------------------------- stage C: class regions
@@ -446,7 +456,7 @@ def responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     Pinv = np.linalg.inv(P)
     lw = np.log(np.maximum(n / n.sum(), 1e-300))
     c = 0.5 * np.einsum("ki,ij,kj->k", means, Pinv, means)
-    logit = T @ Pinv @ means.T - c[None, :] + lw[None, :]
+    logit = T @ (Pinv @ means.T) - c[None, :] + lw[None, :]
     logit -= logit.max(axis=1, keepdims=True)
     R = np.exp(logit)
     return R / R.sum(axis=1, keepdims=True)
@@ -464,8 +474,13 @@ def public_shapes(pub: PublicInputs, resp: np.ndarray | None, means: np.ndarray,
     w = resp.sum(axis=0)
     out = np.empty((K, d, d))
     for k in range(K):
-        D = T - means[k]
-        S = (D * resp[:, k:k + 1]).T @ D / max(w[k], 1e-300)
+        on = np.flatnonzero(resp[:, k] != 0)  # a row of posterior 0 adds nothing
+        S = np.zeros((d, d))
+        for a in range(0, on.size, ROW_BLOCK):  # in blocks of rows: bounded memory
+            b = on[a:a + ROW_BLOCK]
+            A = (T[b] - means[k]) * np.sqrt(resp[b, k:k + 1])
+            S += A.T @ A  # a Gram of one array: a symmetric rank-k update
+        S /= max(w[k], 1e-300)
         out[k] = 0.5 * (S + S.T) + 1e-3 * pooled
     return out
 
@@ -481,11 +496,20 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     scale = pub.n_samples / T.shape[0]
     E1, E2 = np.zeros((K, d)), np.zeros((K, d, d))
     for k in range(K):
-        U = (T - reg.centres[k]) @ reg.W[k]
-        V = clip_to_norm(U, reg.radius[k])
-        w = resp[:, k:k + 1] * scale
-        E1[k] = np.sum(w * (U - V), axis=0)
-        E2[k] = (U * w).T @ U - (V * w).T @ V
+        on = np.flatnonzero(resp[:, k] != 0)  # a row of posterior 0 adds nothing
+        for a in range(0, on.size, ROW_BLOCK):  # in blocks of rows: bounded memory
+            b = on[a:a + ROW_BLOCK]
+            U = (T[b] - reg.centres[k]) @ reg.W[k]
+            V = clip_to_norm(U, reg.radius[k])
+            # a row inside the ball is its own clip: only the clipped rows contribute
+            out = np.flatnonzero(np.any(U != V, axis=1))
+            U, V = U[out], V[out]
+            w = resp[b[out], k:k + 1] * scale
+            E1[k] += np.sum(w * (U - V), axis=0)
+            # u u^T - v v^T = (1 - ||v||^2 / ||u||^2) u u^T (v is u scaled): one Gram
+            shrink = 1.0 - np.einsum("ij,ij->i", V, V) / np.einsum("ij,ij->i", U, U)
+            A = U * np.sqrt(w * np.maximum(shrink, 0.0)[:, None])
+            E2[k] += A.T @ A
     return E1, E2
 
 
@@ -511,12 +535,13 @@ def regions(pub: PublicInputs, centre: np.ndarray, centre_cov: np.ndarray,
         glob = ~np.all(np.isfinite(shape), axis=(1, 2))
     shape = np.where(glob[:, None, None], (R / r)[:, None, None] ** 2 * np.eye(d)[None], shape)
     ctr = np.where(glob[:, None], 0.0, centre)
-    top = np.linalg.eigvalsh(shape)[:, -1]
-    floor = 1e-12 * np.where(np.isfinite(top) & (top > 0), top, 1.0)
-    W = np.stack([eig_apply(shape[k], lambda w, f=floor[k]: 1 / np.sqrt(np.maximum(w, f)))
-                  for k in range(K)])
-    W_inv = np.stack([eig_apply(shape[k], lambda w, f=floor[k]: np.sqrt(np.maximum(w, f)))
-                      for k in range(K)])
+    W, W_inv = np.empty((K, d, d)), np.empty((K, d, d))
+    for k in range(K):
+        w, V = eig_sym(shape[k])
+        top = float(w[-1])
+        w = np.maximum(w, 1e-12 * (top if np.isfinite(top) and top > 0 else 1.0))
+        W[k] = eig_map(w, V, lambda w: 1 / np.sqrt(w))
+        W_inv[k] = eig_map(w, V, np.sqrt)
     return Regions(ctr, W, W_inv, W_inv @ W_inv, glob, r)
 
 
@@ -727,6 +752,29 @@ def _region_means(reg: Regions, noise: ClassNoise, n: np.ndarray, sums: np.ndarr
     return m, C
 
 
+def _region_precisions(reg: Regions, noise: ClassNoise, n: np.ndarray, d: int,
+                       corrected: bool = False) -> np.ndarray:
+    """The inverses of :func:`_region_means`'s noise covariances, ``c_k shape_k`` with
+    ``shape_k = W_k^-2``: ``W_k^2 / c_k``, from the regions' own square roots."""
+    h = np.ones(len(n)) if corrected else clip_factors(reg.radius, d)[0]
+    return ((n * h) ** 2 / noise.mean_sd**2)[:, None, None] * (reg.W @ reg.W)
+
+
+def _centre_precisions(pub: PublicInputs, n: np.ndarray, m: np.ndarray,
+                       C: np.ndarray) -> np.ndarray:
+    """The inverses of :func:`centres`'s noise covariances ``C_k = (a I + b m_k m_k^T) / n_k^2``
+    (``a = s_A^2``, ``b = s_n^2``), by Sherman-Morrison: ``(n_k^2 / a) (I - b m_k m_k^T /
+    (a + b ||m_k||^2))``; the pseudo-inverse of ``C_k`` where its condition number is too large
+    for the closed form to be the same."""
+    a, b = pub.sums_sd**2, pub.count_sd**2
+    mm = np.einsum("ki,ki->k", m, m)
+    A = (n**2 / a)[:, None, None] * (np.eye(m.shape[1])[None]
+                                     - (b / (a + b * mm))[:, None, None] * _outer(m))
+    for k in np.flatnonzero(~(b * mm <= 1e12 * a)):
+        A[k] = np.linalg.pinv(C[k], hermitian=True)
+    return A
+
+
 def _pooled(pub: PublicInputs, output: dict, n, means, means_cov, m1,
             cover: bool = False) -> np.ndarray:
     if pub.label_flip:
@@ -762,7 +810,10 @@ def _first_round(pub: PublicInputs, output: dict, first: dict):
     n, reg, noise = first["n"], first["regions"], first["noise"]
     S1, S2, corr = _corrected(pub, reg, first["resp"], output, "")
     m2, C2 = _region_means(reg, noise, n, S1, d, corr)
-    means, Cm = precision_combine(first["m1"], first["C1"], m2, C2)
+    means, Cm = precision_combine(
+        first["m1"], first["C1"], m2, C2,
+        _centre_precisions(pub, n, first["m1"], first["C1"]),
+        _region_precisions(reg, noise, n, d, corr))
     P = _pooled(pub, output, n, means, Cm, first["m1"])
     shapes = public_shapes(pub, responsibilities(pub, n, means, P), means, P)
     # the public class shape is the target of a class whose second moments were released;
@@ -787,11 +838,13 @@ def _corrected(pub: PublicInputs, reg: Regions, resp, output: dict, suffix: str)
 
 
 def _at_least(C: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """A matrix at least ``B`` and at least ``C`` along every direction of ``B``'s frame:
-    ``B^{1/2} max(B^{-1/2} C B^{-1/2}, I) B^{1/2}``."""
-    Bh = eig_apply(B, lambda w: np.sqrt(np.maximum(w, 1e-300)))
-    Bih = eig_apply(B, lambda w: 1 / np.sqrt(np.maximum(w, 1e-300)))
-    return Bh @ eig_apply(Bih @ C @ Bih, lambda w: np.maximum(w, 1.0)) @ Bh
+    """Matrices at least ``B`` and at least ``C[k]`` along every direction of ``B``'s frame:
+    ``B^{1/2} max(B^{-1/2} C_k B^{-1/2}, I) B^{1/2}`` for each ``k``."""
+    w, V = eig_sym(B)
+    Bh = eig_map(w, V, lambda w: np.sqrt(np.maximum(w, 1e-300)))
+    Bih = eig_map(w, V, lambda w: 1 / np.sqrt(np.maximum(w, 1e-300)))
+    return np.stack([Bh @ eig_apply(Bih @ c @ Bih, lambda w: np.maximum(w, 1.0)) @ Bh
+                     for c in C])
 
 
 def round_two_design(pub: PublicInputs, output: dict, first: dict | None = None) -> dict:
@@ -807,31 +860,33 @@ def round_two_design(pub: PublicInputs, output: dict, first: dict | None = None)
     noise = class_noise(pub, n, first["shares"][1], energy)
     shapes = covs
     if pub.settings.get("round_cover", 0.0) > 0:
-        shapes = np.stack([_at_least(c, pub.settings["round_cover"] * first["pooled"])
-                           for c in covs])
+        shapes = _at_least(covs, pub.settings["round_cover"] * first["pooled"])
     reg = regions(pub, means, Cm, shapes, noise.radius, allow_global=False)
     return {"n": n, "means": means, "means_cov": Cm, "pooled": P, "covs": covs,
             "regions": reg, "noise": noise}
 
 
-def estimate(pub: PublicInputs, output: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
+             second: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Weights, means and covariances (raw units) from the released values (post-processing).
 
     ``output`` holds the raw released arrays: ``counts``, ``sums`` (stage A), ``scatter``
     (stage B, replace-one), ``class_sums`` and ``class_scatter`` (stage C, in the class
     regions' coordinates) and, after a second round, ``class_sums_2`` and ``class_scatter_2``.
-    The design is recomputed from them exactly as the mechanism did.
+    The design is recomputed from them exactly as the mechanism did, unless given: ``first``
+    (:func:`stage_c_design`) and ``second`` (:func:`round_two_design`) of this ``output``.
     """
     K, d, N = pub.n_classes, pub.n_features, pub.n_samples
-    first = stage_c_design(pub, output)
+    first = stage_c_design(pub, output) if first is None else first
     if len(first["shares"]) == 1:
         means, _, _, covs = _first_round(pub, output, first)
     else:
-        second = round_two_design(pub, output, first)
+        second = round_two_design(pub, output, first) if second is None else second
         n, reg, noise = second["n"], second["regions"], second["noise"]
         S1, S2, corr = _corrected(pub, reg, first["resp"], output, "_2")
         m3, C3 = _region_means(reg, noise, n, S1, d, corr)
-        means, _ = precision_combine(second["means"], second["means_cov"], m3, C3)
+        means, _ = precision_combine(second["means"], second["means_cov"], m3, C3,
+                                     A2=_region_precisions(reg, noise, n, d, corr))
         target = reg.W @ second["covs"] @ reg.W
         covs = np.stack([reg.W_inv[k] @ class_covariance(pub, noise, n, S1, S2, target[k], k,
                                                          corr)
@@ -902,7 +957,7 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
         # eigenvalues floored, direction by direction, at a fraction of the target's variance
         # there (the public shape: the scale a class plausibly has in that direction)
         vals, vecs = np.linalg.eigh(0.5 * (Ck + Ck.T))
-        prior = np.einsum("ji,jk,ki->i", vecs, T, vecs)
+        prior = np.einsum("ji,ji->i", vecs, T @ vecs)
         floor = np.maximum(s["class_floor"] * prior,
                            1e-12 * max(float(np.abs(np.diag(T)).max()), 1e-300))
         covs[k] = (vecs * np.maximum(vals, floor)) @ vecs.T

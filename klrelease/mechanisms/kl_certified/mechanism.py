@@ -215,14 +215,20 @@ def _warn_bounds_from_data():
 
 
 class _MemoryRows:
-    """The rows in the frame, grouped by class, in memory (the fast path)."""
+    """The rows in the frame, grouped by class, in memory (the fast path): ``T`` and the
+    indices of each class's rows in their order (a class's rows are gathered when read, so
+    the rows are held once)."""
 
-    def __init__(self, rows: list):
-        self.rows = rows
+    def __init__(self, T: np.ndarray, blocks: list):
+        self.T, self.blocks = T, blocks
+
+    @property
+    def rows(self):
+        return (self.T[b] for b in self.blocks)
 
     def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Per class k: the sum and (``second``) second moment of ``fn(T_k, k)``."""
-        K = len(self.rows)
+        K = len(self.blocks)
         S1, S2 = np.zeros((K, d)), np.zeros((K, d, d))
         for k, T in enumerate(self.rows):
             if T.shape[0]:
@@ -351,11 +357,12 @@ class _RegionClip:
 
 
 def sample_radius(frame: Frame, sample: np.ndarray, budget: Budget, n_samples: int,
-                  n_classes: int) -> float:
+                  n_classes: int, rows: np.ndarray | None = None) -> float:
     """Label flip: the stage-A radius from the frame norms of the row sample
     (:mod:`klrelease.stream.sample`: every row when N <= 65536), :func:`.design.flip_radius`.
+    ``rows``: the sample already in the frame (``frame.to_frame(sample)``), if computed.
     """
-    T = frame.to_frame(sample)
+    T = frame.to_frame(sample) if rows is None else rows
     norms = np.sqrt(np.einsum("ij,ij->i", T, T))
     return flip_radius(norms, n_samples, n_classes, frame.W.shape[0], budget.sums,
                        SETTINGS["radius_quantile"])
@@ -416,8 +423,7 @@ def _early_rows(frame: Frame, clip, labelled, n_classes: int) -> _MemoryRows:
     T = frame.to_frame(X)
     T = T if clip is None else clip(T)
     order, bounds = class_blocks(codes, n_classes)
-    T = np.take(T, order, axis=0)
-    return _MemoryRows([T[bounds[k]:bounds[k + 1]] for k in range(n_classes)])
+    return _MemoryRows(T, [order[bounds[k]:bounds[k + 1]] for k in range(n_classes)])
 
 
 def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_bound,
@@ -448,7 +454,8 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
         frame = whitening_frame(mean, C)
         clip, where, window = None, "the public features (whitened)", None
         sampled = N > S
-        R = sample_radius(frame, sample, budget_of(N), S if sampled else N, K)
+        public_rows = frame.to_frame(sample)
+        R = sample_radius(frame, sample, budget_of(N), S if sampled else N, K, public_rows)
         total_scatter = frame.W.T @ M2 @ frame.W
         early, c = None, 1.0
         if not sampled:
@@ -460,8 +467,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
             total = sums.sum(axis=0)
         return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
                     N=N, R=R, total_scatter=total_scatter, sums=sums, counts=counts,
-                    total_sums=total, where=where, window=window,
-                    public_rows=frame.to_frame(sample))
+                    total_sums=total, where=where, window=window, public_rows=public_rows)
     if bounds_from_data:
         raise ValueError("bounds_from_data=True needs the data in memory; give a public "
                          "bound (bounds= or norm_bound=) for streamed data")
@@ -589,8 +595,21 @@ class KLCertifiedPlan(Plan):
     @blas_single_thread
     @quiet
     def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return self._sample(rng)[0]
+
+    @blas_single_thread
+    @quiet
+    def draw(self, rng: np.random.Generator) -> GMM:
+        """Sample and finalise one release, the stage-C designs computed once: the sample
+        keeps them (functions of the released values it returns) for the estimate, which
+        would otherwise recompute them from the same values."""
+        return self._finalize(*self._sample(rng))
+
+    def _sample(self, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], dict]:
+        """A raw output and the stage-C designs computed from it (``first``, ``second``)."""
         pub = self.public
         K, d = pub.n_classes, pub.n_features
+        designs = {}
         out = {"counts": self.counts + rng.standard_normal(K) * pub.count_sd}
         if pub.label_flip:
             sums = self.sums
@@ -600,34 +619,34 @@ class KLCertifiedPlan(Plan):
                 for key, first in (("locate_1", True), ("locate_2", False)):
                     H = self._read(self._histograms, window, bins_of(pub, first))
                     if H is None:
-                        return out
+                        return out, designs
                     out[key] = H + rng.standard_normal(H.shape) * pub.locate_sd
                     if first:
                         window = second_window(pub, out)
             pub = self.working(out)
             sums = self._read(self._stage_a, pub)
             if sums is None:
-                return out
+                return out, designs
         out["sums"] = sums + rng.standard_normal((K, d)) * pub.sums_sd
         if not pub.label_flip:
             m1 = centres(pub, out["counts"], out["sums"])[1]
             S_B = self._read(self._stage_b, pub, m1)
             if S_B is None:
-                return out
+                return out, designs
             out["scatter"] = S_B + symmetric_gaussian(rng, np.asarray(pub.scatter_sd), d)
-        design = stage_c_design(pub, out)
+        design = designs["first"] = stage_c_design(pub, out)
         stats = self._read(self._stage_c, pub, design)
         if stats is None:
-            return out
+            return out, designs
         out["class_sums"], out["class_scatter"] = self._draw_round(rng, stats, design["noise"], d)
         if len(design["shares"]) > 1:
-            second = round_two_design(pub, out, design)
+            second = designs["second"] = round_two_design(pub, out, design)
             stats = self._read(self._stage_c, pub, second)
             if stats is None:
-                return out
+                return out, designs
             out["class_sums_2"], out["class_scatter_2"] = self._draw_round(
                 rng, stats, second["noise"], d)
-        return out
+        return out, designs
 
     @blas_single_thread
     @quiet
@@ -668,14 +687,20 @@ class KLCertifiedPlan(Plan):
     @blas_single_thread
     @quiet
     def finalize(self, output: dict[str, np.ndarray]) -> GMM:
+        return self._finalize(output, {})
+
+    def _finalize(self, output: dict[str, np.ndarray], designs: dict) -> GMM:
+        """:meth:`finalize`, with the stage-C designs of ``output`` when already computed."""
         if "class_sums" not in output or (
                 "class_sums_2" not in output
-                and len(stage_c_design(self.working(output), output)["shares"]) > 1):
+                and len((designs.get("first") or stage_c_design(self.working(output),
+                                                                output))["shares"]) > 1):
             # the source failed after noise was drawn (see sample)
             self.fallbacks += 1
             return _fallback_gmm(self, output)
         try:
-            w, m, c = estimate(self.working(output), output)
+            w, m, c = estimate(self.working(output), output, designs.get("first"),
+                               designs.get("second"))
             return check_gmm(GMM(w, m, c, self.classes))  # what the artifact will require
         except (ValueError, np.linalg.LinAlgError, FloatingPointError):
             # Never fail after noise was drawn: a cruder post-processing of the same released
@@ -730,10 +755,11 @@ class KLCertified(Mechanism):
         """The randomized-response design (label flip): reported labels, then
         :func:`.design.response_estimate` in the public whitened frame."""
         from ...stream import Source
-        from ...stream.sample import sample_rows
+        from ...stream.sample import sample_indices
 
         declared = bool(getattr(data, "classes_declared", False))
         K, d = len(data.classes), data.n_features
+        T = None
         if isinstance(data, Source):
             m0, sample = (data.pooled_and_sample() if pooled is None else pooled)[:2]
             N, mean, M2 = int(round(m0.counts[0])), m0.means[0], m0.scatters[0]
@@ -741,15 +767,18 @@ class KLCertified(Mechanism):
             check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)),
                          "the features' standard deviations")
             frame = whitening_frame(mean, C)
+            rows = frame.to_frame(sample)
         else:
-            X = data.X
-            N, sample = data.n_samples, sample_rows(X)
-            frame = whitening_frame(*_public_moments(X))
-        rows = frame.to_frame(sample)
+            N = data.n_samples
+            frame = whitening_frame(*_public_moments(data.X))
+            # every row in the frame once; the row sample is its rows of the sampled indices
+            T = frame.to_frame(data.X)
+            rows = T[sample_indices(N)]
         classes = data.classes
         guarantee = response_guarantee(self.name, epsilon, delta, K, declared,
                                        "klrelease/mechanisms/kl_certified/kl_certified.md")
 
+        @blas_single_thread  # d x d work per class, like the Gaussian design's
         def estimate(m):
             try:
                 w, mu, covs = response_estimate(m, epsilon=epsilon, n_classes=K, n_samples=N,
@@ -779,7 +808,7 @@ class KLCertified(Mechanism):
 
         return response_plan(data, name=self.name, epsilon=epsilon, frame=frame,
                              estimate=estimate, guarantee=guarantee, public=public,
-                             fallback=public_model)
+                             fallback=public_model, rows=T)
 
     def check_claim(self, *, epsilon, delta, public) -> None:
         """The recorded budget must be the one (epsilon, delta) gives: the Gaussian design's
@@ -887,11 +916,12 @@ class KLCertified(Mechanism):
             from ...statistics import class_blocks
 
             if lf:
-                from ...stream.sample import sample_rows
+                from ...stream.sample import sample_indices
 
-                sample = sample_rows(data.X)
-                public_rows = frame.to_frame(sample)
-                R = sample_radius(frame, sample, budget, N, K)
+                # the row sample in the frame: its rows of T (the same per-row map)
+                pick = sample_indices(N)
+                sample, public_rows = data.X[pick], T[pick]
+                R = sample_radius(frame, sample, budget, N, K, public_rows)
                 # public totals from the rows in their own order: bit for bit the same
                 # function of the features whatever the labels (sorted rows would round by
                 # label)
@@ -901,13 +931,11 @@ class KLCertified(Mechanism):
                 R = located_radius(d, N, K, budget)
                 total_scatter = total_sums = public_rows = None
             order, bounds = class_blocks(data.codes, K)
-            blocks = [slice(bounds[k], bounds[k + 1]) for k in range(K)]
-            T = np.take(T, order, axis=0)
-            rows = _MemoryRows([T[b] for b in blocks])
+            blocks = [order[bounds[k]:bounds[k + 1]] for k in range(K)]
+            rows = _MemoryRows(T, blocks)
             counts = np.diff(bounds).astype(float)
             sums = None
             if lf:
-                A = np.take(A, order, axis=0)
                 sums = np.stack([A[b].sum(axis=0) for b in blocks])
         if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
             where = "the public bound"  # too few rows to locate at this budget
