@@ -38,7 +38,8 @@ from ...gmm import GMM, check_gmm
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...privacy.response import debiased_moments
-from ...statistics import affine_rows, clip_to_norm
+from ...rows import affine_rows, class_blocks, clip_to_bounds, clip_to_norm
+from ...stream.moments import pooled_moments, sorted_bounded_moments
 from ...warnings_ import warn_privacy
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan, last_resort
 from ..registry import register
@@ -134,7 +135,9 @@ def bound_frame(domain: Domain):
 
 
 def _clip_box(T: np.ndarray) -> np.ndarray:
-    return np.clip(T, -1.0, 1.0)
+    """Frame rows clipped into ``[-1, 1]^d``, in place (callers pass rows just mapped into
+    the frame, which nothing else holds)."""
+    return clip_to_bounds(T, -1.0, 1.0, out=T)
 
 
 @dataclass(frozen=True)
@@ -177,12 +180,15 @@ def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool
 def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Label flip: the mean and covariance of the public features, their scales checked
     first (:func:`check_scales`) so that neither overflows."""
-    d = X.shape[1]
+    N, d = X.shape
     with np.errstate(all="ignore"):
-        check_scales(np.max(np.abs(X), axis=0) if X.shape[0] else np.zeros(d),
+        # max |x| per feature without a temporary array of |X|
+        check_scales(np.maximum(X.max(axis=0), -X.min(axis=0)) if N else np.zeros(d),
                      "the features' magnitudes")
-        centre = X.mean(axis=0)
-        C = np.atleast_2d(np.cov(X, rowvar=False)) if X.shape[0] > 1 else np.zeros((d, d))
+        # the moments a streamed source computes (pooled_moments), in one pass
+        m = pooled_moments(X)
+        centre = m.means[0]
+        C = m.scatters[0] / (N - 1) if N > 1 else np.zeros((d, d))
     check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)), "the features' standard deviations")
     return centre, C
 
@@ -214,26 +220,27 @@ def _warn_bounds_from_data():
 
 
 class _MemoryRows:
-    """The rows in the frame, grouped by class, in memory (the fast path)."""
+    """The rows in the frame in memory (the fast path), grouped by class once: class ``k`` is
+    ``rows[bounds[k]:bounds[k+1]]`` (:func:`klrelease.rows.class_blocks`). Every stage reduces
+    them in cache-sized blocks (:func:`klrelease.stream.moments.sorted_bounded_moments`, the
+    per-chunk reduction of a streamed source), without copies of the whole array."""
 
-    def __init__(self, rows: list):
-        self.rows = rows
+    #: Rows per block of a histogram pass.
+    HIST_BLOCK = 1 << 15
 
-    def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    def __init__(self, rows: np.ndarray, bounds: np.ndarray):
+        self.rows, self.bounds = rows, bounds
+
+    def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         """Per class k: the sum and (``second``) second moment of ``fn(T_k, k)``."""
-        K = len(self.rows)
-        S1, S2 = np.zeros((K, d)), np.zeros((K, d, d))
-        for k, T in enumerate(self.rows):
-            if T.shape[0]:
-                U = fn(T, k)
-                S1[k] = U.sum(axis=0)
-                if second:
-                    S2[k] = U.T @ U
-        return S1, S2
+        return sorted_bounded_moments(self.rows, self.bounds, fn, second)
 
     def histograms(self, window, bins: int) -> np.ndarray:
         """Per-feature histograms of all rows (every class) clipped into ``window``."""
-        return sum(histograms(T, window, bins) for T in self.rows)
+        out = np.zeros((window.lo.shape[0], bins))
+        for a in range(0, self.rows.shape[0], self.HIST_BLOCK):
+            out += histograms(self.rows[a:a + self.HIST_BLOCK], window, bins)
+        return out
 
 
 @dataclass(frozen=True)
@@ -831,8 +838,8 @@ class KLCertified(Mechanism):
                 data, relation, bool(options["bounds_from_data"]), options["norm_bound"])
             N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
             budget = budget_for(N)
-            from ...statistics import class_blocks
 
+            stage_a = None
             if lf:
                 from ...stream.sample import sample_rows
 
@@ -841,21 +848,20 @@ class KLCertified(Mechanism):
                 R = sample_radius(frame, sample, budget, N, K)
                 # public totals from the rows in their own order: bit for bit the same
                 # function of the features whatever the labels (sorted rows would round by
-                # label)
-                A = clip_to_norm(T, R)
-                total_scatter, total_sums = T.T @ T, A.sum(axis=0)
+                # label); all rows taken as one block
+                stage_a = _CentredClip(np.zeros((K, d)), R)
+                total_scatter = T.T @ T
+                total_sums = sorted_bounded_moments(T, np.array([0, N]), stage_a,
+                                                    second=False)[0][0]
             else:
                 R = located_radius(d, N, K, budget)
                 total_scatter = total_sums = public_rows = None
             order, bounds = class_blocks(data.codes, K)
-            blocks = [slice(bounds[k], bounds[k + 1]) for k in range(K)]
-            T = np.take(T, order, axis=0)
-            rows = _MemoryRows([T[b] for b in blocks])
+            rows = _MemoryRows(np.take(T, order, axis=0), bounds)  # grouped by class once
+            del T
             counts = np.diff(bounds).astype(float)
-            sums = None
-            if lf:
-                A = np.take(A, order, axis=0)
-                sums = np.stack([A[b].sum(axis=0) for b in blocks])
+            # stage A's sums (label flip: before any noise)
+            sums = None if stage_a is None else rows.stats(stage_a, d, second=False)[0]
         if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
             where = "the public bound"  # too few rows to locate at this budget
         pub = PublicInputs(
