@@ -477,8 +477,13 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     E1, E2 = np.zeros((K, d)), np.zeros((K, d, d))
     for k in range(K):
         U = (T - reg.centres[k]) @ reg.W[k]
+        # a row strictly inside the ball is left as it is by the clip (V = U exactly) and
+        # adds nothing: only the others are clipped and summed (NaN-safe: kept)
+        r2 = np.float64(reg.radius[k]) ** 2
+        cut = np.flatnonzero(~(np.einsum("ij,ij->i", U, U) < r2 * (1.0 - 1e-9)))
+        U = U[cut]
         V = clip_to_norm(U, reg.radius[k])
-        w = resp[:, k:k + 1] * scale
+        w = resp[cut, k:k + 1] * scale
         E1[k] = np.sum(w * (U - V), axis=0)
         E2[k] = (U * w).T @ U - (V * w).T @ V
     return E1, E2
