@@ -37,7 +37,7 @@ from scipy.stats import chi2
 from ...linalg import precision_combine, vech
 from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.projections import project_simplex
-from ...statistics import affine_rows, clip_to_norm
+from ...rows import ROW_BLOCK, affine_rows, clip_to_norm
 
 __all__ = [
     "Budget",
@@ -459,8 +459,11 @@ def public_shapes(pub: PublicInputs, resp: np.ndarray | None, means: np.ndarray,
     w = resp.sum(axis=0)
     out = np.empty((K, d, d))
     for k in range(K):
-        D = T - means[k]
-        S = (D * resp[:, k:k + 1]).T @ D / max(w[k], 1e-300)
+        S = np.zeros((d, d))
+        for a in range(0, T.shape[0], ROW_BLOCK):  # temporaries of a block, in cache
+            D = T[a:a + ROW_BLOCK] - means[k]
+            S += (D * resp[a:a + ROW_BLOCK, k:k + 1]).T @ D
+        S /= max(w[k], 1e-300)
         out[k] = 0.5 * (S + S.T) + 1e-3 * pooled
     return out
 
@@ -476,16 +479,19 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     scale = pub.n_samples / T.shape[0]
     E1, E2 = np.zeros((K, d)), np.zeros((K, d, d))
     for k in range(K):
-        U = (T - reg.centres[k]) @ reg.W[k]
-        # a row strictly inside the ball is left as it is by the clip (V = U exactly) and
-        # adds nothing: only the others are clipped and summed (NaN-safe: kept)
         r2 = np.float64(reg.radius[k]) ** 2
-        cut = np.flatnonzero(~(np.einsum("ij,ij->i", U, U) < r2 * (1.0 - 1e-9)))
-        U = U[cut]
-        V = clip_to_norm(U, reg.radius[k])
-        w = resp[cut, k:k + 1] * scale
-        E1[k] = np.sum(w * (U - V), axis=0)
-        E2[k] = (U * w).T @ U - (V * w).T @ V
+        for a in range(0, T.shape[0], ROW_BLOCK):  # temporaries of a block, in cache
+            U = (T[a:a + ROW_BLOCK] - reg.centres[k]) @ reg.W[k]
+            # a row strictly inside the ball is left as it is by the clip (V = U exactly)
+            # and adds nothing: only the others are clipped and summed (NaN-safe: kept)
+            cut = np.flatnonzero(~(np.einsum("ij,ij->i", U, U) < r2 * (1.0 - 1e-9)))
+            if cut.shape[0] == 0:
+                continue
+            U = U[cut]
+            V = clip_to_norm(U, reg.radius[k])
+            w = resp[a + cut, k:k + 1] * scale
+            E1[k] += np.sum(w * (U - V), axis=0)
+            E2[k] += (U * w).T @ U - (V * w).T @ V
     return E1, E2
 
 
