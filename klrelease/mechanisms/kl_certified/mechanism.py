@@ -38,7 +38,7 @@ from ...gmm import GMM, check_gmm
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...privacy.response import debiased_moments
-from ...rows import affine_rows, class_blocks, clip_to_bounds, clip_to_norm
+from ...rows import ROW_BLOCK, affine_rows, class_blocks, clip_to_bounds, clip_to_norm, column_sums
 from ...stream.moments import pooled_moments, sorted_bounded_moments
 from ...warnings_ import warn_privacy
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan, last_resort
@@ -159,12 +159,21 @@ def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool
     ``B`` to radius ``sqrt(d)``) and rows are clipped into it; ``bounds_from_data=True`` reads
     the box from the data instead, which voids the guarantee (warned).
     """
+    frame, clip, certified, where, window = _frame_of(data, relation, bounds_from_data,
+                                                      norm_bound)
+    T = frame.to_frame(data.X)
+    return frame, T if clip is None else clip(T), certified, where, window
+
+
+def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, norm_bound):
+    """:func:`public_frame` without the rows: ``(frame, clip, certified, where, window)``,
+    ``clip`` the map clipping frame rows into the bound (``None`` under label flip)."""
     X = data.X
     d = data.n_features
     if relation == Adjacency.LABEL_FLIP:
         centre, C = _public_moments(X)
         frame = whitening_frame(centre, C)
-        return frame, frame.to_frame(X), True, "the public features (whitened)", None
+        return frame, None, True, "the public features (whitened)", None
     domain = _public_bound(data.domain, norm_bound, bounds_from_data, d)
     certified, where = True, "the public bound"
     if domain is None:
@@ -174,7 +183,40 @@ def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool
         domain = Domain("box", d, lo, lo + span, source="features")
         certified, where = False, "the private data (bounds_from_data=True)"
     frame, clip = bound_frame(domain)
-    return frame, clip(frame.to_frame(X)), certified, where, _bound_window(domain)
+    return frame, clip, certified, where, _bound_window(domain)
+
+
+def _frame_totals(X: np.ndarray, frame: Frame, radius: float) -> tuple[np.ndarray, np.ndarray]:
+    """Label flip: the public totals ``sum t t^T`` and ``sum clip_R(t)`` of the frame rows
+    ``t``, in blocks of rows in their own order: bit for bit the same function of the features
+    whatever the labels (rows grouped by class would round by label)."""
+    d = X.shape[1]
+    scatter, sums = np.zeros((d, d)), np.zeros(d)
+    for a in range(0, X.shape[0], ROW_BLOCK):
+        T = frame.to_frame(X[a:a + ROW_BLOCK])
+        scatter += T.T @ T
+        sums += column_sums(clip_to_norm(T, radius))
+    return scatter, sums
+
+
+def _grouped_rows(X: np.ndarray, codes: np.ndarray, n_classes: int, frame: Frame, clip=None,
+                  stage_a=None) -> tuple[_MemoryRows, np.ndarray | None]:
+    """The rows in the frame (clipped into the bound by ``clip``), grouped by class, built
+    block by block from the raw rows (one gather, one map into the frame, no other copy of
+    the data); with ``stage_a``, also the per-class sums of ``stage_a(t, k)`` on the way."""
+    order, bounds = class_blocks(codes, n_classes)
+    rows = np.empty((X.shape[0], frame.W.shape[1]))
+    sums = None if stage_a is None else np.zeros((n_classes, rows.shape[1]))
+    for k in range(n_classes):
+        for a in range(int(bounds[k]), int(bounds[k + 1]), ROW_BLOCK):
+            b = min(a + ROW_BLOCK, int(bounds[k + 1]))
+            T = frame.to_frame(np.take(X, order[a:b], axis=0))
+            if clip is not None:
+                T = clip(T)
+            rows[a:b] = T
+            if stage_a is not None:
+                sums[k] += column_sums(stage_a(T, k))
+    return _MemoryRows(rows, bounds), sums
 
 
 def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -834,7 +876,7 @@ class KLCertified(Mechanism):
             K, d, bound_ok, classes = len(data.classes), data.n_features, True, data.classes
             extra = {"data": "streamed in chunks"}
         else:
-            frame, T, bound_ok, where, window = public_frame(
+            frame, clip, bound_ok, where, window = _frame_of(
                 data, relation, bool(options["bounds_from_data"]), options["norm_bound"])
             N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
             budget = budget_for(N)
@@ -846,22 +888,15 @@ class KLCertified(Mechanism):
                 sample = sample_rows(data.X)
                 public_rows = frame.to_frame(sample)
                 R = sample_radius(frame, sample, budget, N, K)
-                # public totals from the rows in their own order: bit for bit the same
-                # function of the features whatever the labels (sorted rows would round by
-                # label); all rows taken as one block
+                total_scatter, total_sums = _frame_totals(data.X, frame, R)
                 stage_a = _CentredClip(np.zeros((K, d)), R)
-                total_scatter = T.T @ T
-                total_sums = sorted_bounded_moments(T, np.array([0, N]), stage_a,
-                                                    second=False)[0][0]
             else:
                 R = located_radius(d, N, K, budget)
                 total_scatter = total_sums = public_rows = None
-            order, bounds = class_blocks(data.codes, K)
-            rows = _MemoryRows(np.take(T, order, axis=0), bounds)  # grouped by class once
-            del T
-            counts = np.diff(bounds).astype(float)
-            # stage A's sums (label flip: before any noise)
-            sums = None if stage_a is None else rows.stats(stage_a, d, second=False)[0]
+            # grouped by class once; under label flip, stage A's sums on the way (before any
+            # noise)
+            rows, sums = _grouped_rows(data.X, data.codes, K, frame, clip, stage_a)
+            counts = np.diff(rows.bounds).astype(float)
         if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
             where = "the public bound"  # too few rows to locate at this budget
         pub = PublicInputs(
