@@ -97,8 +97,9 @@ def histograms(T: np.ndarray, window: Window, bins: int) -> np.ndarray:
         pos -= window.lo
         pos /= span
         pos *= bins
-    pos = np.floor(np.nan_to_num(pos, copy=False), out=pos)
-    idx = clip_to_bounds(pos, 0, bins - 1, out=pos).astype(np.int64)
+    # bin max(pos, 0) (NaN to bin 0, as nan_to_num would), floored, at most bins - 1
+    pos = np.floor(np.fmax(pos, 0.0, out=pos), out=pos)
+    idx = np.minimum(pos, bins - 1, out=pos).astype(np.int64)
     idx += (np.arange(d) * bins)[None, :]
     return np.bincount(idx.ravel(), minlength=d * bins).reshape(d, bins).astype(float)
 
