@@ -10,8 +10,10 @@ merge by the parallel update of Chan, Golub & LeVeque (1979)::
 which is exact in real arithmetic and keeps float64 accuracy when the rows share a large
 common offset (the raw second moment ``sum u u^T`` would lose it: ``1e9`` rows at offset
 ``1e4`` exceed float64's 16 digits). Within a chunk, rows are grouped by class with one
-stable radix sort of the class codes and every class block is reduced with one matrix
-product of its centred rows.
+stable radix sort of the class codes and every class block is reduced by matrix products of
+its centred rows, a cache-sized sub-block at a time (:func:`sorted_moments`); rows already
+grouped by class (in memory) are reduced the same way without another sort
+(:func:`sorted_moments`, :func:`sorted_bounded_moments`).
 
 These are private statistics: nothing here logs or prints them, and no numpy floating-point
 warning is raised while computing them.
