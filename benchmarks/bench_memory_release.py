@@ -10,7 +10,7 @@ floor = one pass computing per-class counts, means and centred scatters in memor
 with numpy alone: one stable radix sort of the labels, one ``np.take`` of the rows, then per
 class block one column sum and one ``X_k^T X_k`` (BLAS, one thread), centred by
 ``- n_k m_k m_k^T``. Then, in the same process on the same arrays, the median of
-``--repeats`` wall times of each release: kl-certified under label flip (the default),
+``--repeats`` wall (and CPU) times of each release: kl-certified under label flip (the default),
 kl-certified under replace-one with a public box ``bounds=``, and kl-paper (label flip).
 
 Each (tree, N) runs in its own process. ``--before TREE`` also runs the releases of another
@@ -65,13 +65,15 @@ def floor(X: np.ndarray, y: np.ndarray):
     return np.diff(bounds), means, scat
 
 
-def median_time(fn, repeats: int) -> tuple[float, object]:
-    times, out = [], None
+def median_time(fn, repeats: int) -> tuple[float, float, object]:
+    """Median wall time, median CPU time of the process (all its threads) and the output."""
+    wall, cpu, out = [], [], None
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu), out
 
 
 def child(n: int, repeats: int) -> dict:
@@ -88,12 +90,13 @@ def child(n: int, repeats: int) -> dict:
                    **opts)
     with threadpool_limits(1, user_api="blas"):
         floor(X, y)
-        out = {"floor": median_time(lambda: floor(X, y), repeats)[0]}
+        t, c, _ = median_time(lambda: floor(X, y), repeats)
+        out = {"floor": t, "floor cpu": c}
     for name, opts in RELEASES.items():
-        t, rel = median_time(lambda o=opts: kr.release(
+        t, c, rel = median_time(lambda o=opts: kr.release(
             X, y, epsilon=EPS, delta=DELTA, seed=0, classes=classes, **o), repeats)
         g = rel.gmm
-        out[name] = t
+        out[name], out[name + " cpu"] = t, c
         out[name + " gmm"] = [np.asarray(g.weights).tolist(), np.asarray(g.means).tolist(),
                               np.asarray(g.covariances).tolist()]
     return out
@@ -130,23 +133,32 @@ def main() -> None:
     trees = ([("before", args.before)] if args.before else []) + [("this tree", here)]
     names = list(RELEASES)
     load = os.getloadavg()[0]
+    argv = " ".join(sys.argv[1:])
+    print("# In-memory releases against the floor\n")
+    print(f"`python benchmarks/bench_memory_release.py {argv}`\n")
     print(f"In-memory releases, d = {D}, K = {K}, eps = {EPS:g}, delta = {DELTA:g}, seed 0; "
           f"median of {args.repeats}; load average {load:.1f} at the start.\n")
-    head = "| N | code | floor (s) | " + " | ".join(f"{m} (s) | x" for m in names) + " |"
+    head = ("| N | code | floor (s) | floor cpu (s) | "
+            + " | ".join(f"{m} (s) | x | x cpu" for m in names) + " |")
     print(head)
-    print("|" + "---|" * (3 + 2 * len(names)))
+    print("|" + "---|" * (4 + 3 * len(names)))
     diffs = []
     for n in args.n:
         got = {}
         for label, tree in trees:
             r = run(tree, int(n), args.repeats)
             got[label] = r
-            cells = " | ".join(f"{r[m]:.2f} | {r[m] / r['floor']:.1f}" for m in names)
-            print(f"| {n:.0e} | {label} | {r['floor']:.3f} | {cells} |", flush=True)
+            cells = " | ".join(f"{r[m]:.2f} | {r[m] / r['floor']:.1f} | "
+                               f"{r[m + ' cpu'] / r['floor cpu']:.1f}" for m in names)
+            print(f"| {n:.0e} | {label} | {r['floor']:.3f} | {r['floor cpu']:.3f} | {cells} |",
+                  flush=True)
         if "before" in got:
             diffs.append((n, {m: rel_diff(got["this tree"][m + " gmm"],
                                           got["before"][m + " gmm"]) for m in names}))
-    print("\nx = release / floor (each measured in the same process on the same arrays).")
+    print("\nx = release / floor in wall time, x cpu = the same in CPU time of the process "
+          "(less sensitive to other load on the machine; kl-paper scores rows on two threads, "
+          "whose CPU times add up). Floor and releases are measured in the same process on "
+          "the same arrays.")
     for n, d in diffs:
         print(f"N = {n:.0e}: largest relative difference of the released weights, means and "
               "covariances, this tree against before: "
