@@ -489,9 +489,9 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
                 continue
             U = U[cut]
             V = clip_to_norm(U, reg.radius[k])
-            w = resp[a + cut, k:k + 1] * scale
-            E1[k] += np.sum(w * (U - V), axis=0)
-            E2[k] += (U * w).T @ U - (V * w).T @ V
+            w = resp[a + cut, k] * scale
+            E1[k] += w @ (U - V)
+            E2[k] += (U * w[:, None]).T @ U - (V * w[:, None]).T @ V
     return E1, E2
 
 
