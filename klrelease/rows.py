@@ -126,6 +126,9 @@ def _clip_rows_scaled(Y: np.ndarray, bound: float) -> np.ndarray:
     return np.where(np.isnan(m)[:, None], Y, out)
 
 
-def clip_to_bounds(X: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
-    """Clip every feature into its public interval."""
-    return np.clip(X, lower, upper)
+def clip_to_bounds(X: np.ndarray, lower, upper, out: np.ndarray | None = None) -> np.ndarray:
+    """Clip every feature into its public interval: ``np.clip(X, lower, upper)`` (the same
+    values, NaN kept), computed as ``min(max(X, lower), upper)``, several times faster than
+    ``np.clip`` with per-feature bounds. ``out`` may be ``X`` itself (in place)."""
+    out = np.maximum(X, lower, out=out)
+    return np.minimum(out, upper, out=out)

@@ -127,14 +127,16 @@ class MemoryRows:
         starts = range(0, n, b)
 
         def one(a):
-            with single_threaded_blas():
-                return fn(self.X[a:a + b], self.codes[a:a + b])
+            return fn(self.X[a:a + b], self.codes[a:a + b])
 
-        if self.threads > 1 and n > b:
-            with ThreadPoolExecutor(self.threads) as pool:
-                parts = list(pool.map(one, starts))
-        else:
-            parts = [one(a) for a in starts]
+        # BLAS limited once for the whole pass (the limit is process-wide: entered per block
+        # on the threads, one thread's exit would lift it under the other's block)
+        with single_threaded_blas():
+            if self.threads > 1 and n > b:
+                with ThreadPoolExecutor(self.threads) as pool:
+                    parts = list(pool.map(one, starts))
+            else:
+                parts = [one(a) for a in starts]
         acc = initial
         for p in parts:
             acc = merge(acc, p)
@@ -169,6 +171,7 @@ class _Scores:
         q = d * (d + 1) // 2
         m = X.shape[0]
         S = np.empty((self.beta.shape[0], m))
+        Sc = np.empty((self.beta.shape[0], min(m, BLOCK_ROWS)))
         for a in range(0, m, BLOCK_ROWS):
             Zt = np.ascontiguousarray((X[a:a + BLOCK_ROWS] - self.origin).T)
             F = np.empty((q + d + 1, Zt.shape[1]))
@@ -178,9 +181,9 @@ class _Scores:
                 row += d - i
             F[q:q + d] = Zt
             F[-1] = 1.0
-            Sb = S[:, a:a + BLOCK_ROWS]
-            np.matmul(self.beta, F, out=Sb)
-            Sb *= self.scales2[:, codes[a:a + BLOCK_ROWS]]  # in cache
+            # the product into a contiguous block (in cache), scaled into the scores
+            Sb = np.matmul(self.beta, F, out=Sc[:, :F.shape[1]])
+            np.multiply(Sb, self.scales2[:, codes[a:a + BLOCK_ROWS]], out=S[:, a:a + BLOCK_ROWS])
         return _top(S, X, codes, self.pool, self.floor)
 
 

@@ -10,8 +10,10 @@ merge by the parallel update of Chan, Golub & LeVeque (1979)::
 which is exact in real arithmetic and keeps float64 accuracy when the rows share a large
 common offset (the raw second moment ``sum u u^T`` would lose it: ``1e9`` rows at offset
 ``1e4`` exceed float64's 16 digits). Within a chunk, rows are grouped by class with one
-stable radix sort of the class codes and every class block is reduced with one matrix
-product of its centred rows.
+stable radix sort of the class codes and every class block is reduced by matrix products of
+its centred rows, a cache-sized sub-block at a time (:func:`sorted_moments`); rows already
+grouped by class (in memory) are reduced the same way without another sort
+(:func:`sorted_moments`, :func:`sorted_bounded_moments`).
 
 These are private statistics: nothing here logs or prints them, and no numpy floating-point
 warning is raised while computing them.
@@ -25,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..rows import class_blocks, column_sums
+from ..rows import ROW_BLOCK, class_blocks, column_sums
 
 __all__ = ["ClassMoments", "chunk_moments", "class_sums", "bounded_class_moments",
-           "pooled_moments", "RowMap"]
+           "pooled_moments", "sorted_moments", "sorted_bounded_moments", "RowMap"]
 
 def _quiet(fn):
     """Run ``fn`` with numpy's floating-point warnings off: these are private accumulations,
@@ -81,16 +83,26 @@ def chunk_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
     if f is not None:
         rows = np.asarray(f(rows, codes), dtype=np.float64)
     order, bounds = class_blocks(codes, n_classes)
-    sorted_rows = np.take(rows, order, axis=0)  # much faster than rows[order]
-    d = rows.shape[1]
-    means = np.zeros((n_classes, d))
-    scat = np.zeros((n_classes, d, d))
-    for k in range(n_classes):
+    return sorted_moments(np.take(rows, order, axis=0), bounds)  # take: faster than rows[order]
+
+
+@_quiet
+def sorted_moments(sorted_rows: np.ndarray, bounds: np.ndarray) -> ClassMoments:
+    """The moments of rows grouped by class: class ``k`` is ``sorted_rows[bounds[k]:bounds[k+1]]``
+    (:func:`klrelease.rows.class_blocks`). Each class block is summed by one matrix-vector
+    product, then its scatter is accumulated over sub-blocks of :data:`~klrelease.rows.ROW_BLOCK`
+    rows centred on the class mean (the centred copy of a sub-block stays in cache)."""
+    sorted_rows = np.asarray(sorted_rows, dtype=np.float64)
+    K, d = len(bounds) - 1, sorted_rows.shape[1]
+    means, scat = np.zeros((K, d)), np.zeros((K, d, d))
+    C = np.empty((ROW_BLOCK, d))
+    for k in range(K):
         U = sorted_rows[bounds[k]:bounds[k + 1]]
         if U.shape[0]:
             means[k] = column_sums(U) / U.shape[0]
-            C = U - means[k]
-            scat[k] = C.T @ C
+            for a in range(0, U.shape[0], ROW_BLOCK):
+                Cb = np.subtract(U[a:a + ROW_BLOCK], means[k], out=C[:U.shape[0] - a])
+                scat[k] += Cb.T @ Cb
     return ClassMoments(np.diff(bounds).astype(float), means, scat)
 
 
@@ -110,30 +122,50 @@ def bounded_class_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
                           fn: Callable[[np.ndarray, int], np.ndarray]
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-class counts (K,), sums (K, d') and raw second moments ``sum u u^T`` (K, d', d')
-    of ``u = fn(rows of class k, k)``, a map of one class's rows at a time (one sort of the
-    chunk, one product per class). For maps whose rows are bounded (clipped), where plain sums
-    keep their accuracy (no centring); partial results merge by addition."""
+    of ``u = fn(rows of class k, k)``, a per-row map of one class's rows at a time (one sort
+    of the chunk, then :func:`sorted_bounded_moments`). For maps whose rows are bounded
+    (clipped), where plain sums keep their accuracy (no centring); partial results merge by
+    addition."""
     rows = np.asarray(rows, dtype=np.float64)
     order, bounds = class_blocks(codes, n_classes)
-    counts = np.diff(bounds).astype(float)
-    sorted_rows = np.take(rows, order, axis=0)
-    parts = [None] * n_classes
-    for k in range(n_classes):
-        if bounds[k + 1] > bounds[k]:
-            parts[k] = np.asarray(fn(sorted_rows[bounds[k]:bounds[k + 1]], k), dtype=np.float64)
-    width = next((U.shape[1] for U in parts if U is not None), None)
-    if width is None:  # no rows: the map's output width from an empty block
-        width = np.asarray(fn(rows[:0], 0)).shape[1]
-    sums, second = np.zeros((n_classes, width)), np.zeros((n_classes, width, width))
-    for k, U in enumerate(parts):
-        if U is not None:
-            sums[k], second[k] = column_sums(U), U.T @ U
-    return counts, sums, second
+    sums, second = sorted_bounded_moments(np.take(rows, order, axis=0), bounds, fn)
+    return np.diff(bounds).astype(float), sums, second
+
+
+@_quiet
+def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
+                           fn: Callable[[np.ndarray, int], np.ndarray], second: bool = True,
+                           block: int = ROW_BLOCK) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per class ``k``: the sum (K, d') and (``second``) the raw second moment ``sum u u^T``
+    (K, d', d') of ``u = fn(x, k)`` over the rows ``x`` of class ``k``, i.e.
+    ``sorted_rows[bounds[k]:bounds[k+1]]`` (rows grouped by class once,
+    :func:`klrelease.rows.class_blocks`, and reused by every map).
+
+    ``fn`` is a per-row map, applied to sub-blocks of ``block`` rows so that its output is
+    reduced (one matrix-vector and one matrix product) while it is in cache. Without
+    ``second`` the second moments are ``None``."""
+    sorted_rows = np.asarray(sorted_rows, dtype=np.float64)
+    K = len(bounds) - 1
+    sums = second_m = None
+    for k in range(K):
+        for a in range(int(bounds[k]), int(bounds[k + 1]), block):
+            U = np.asarray(fn(sorted_rows[a:min(a + block, int(bounds[k + 1]))], k),
+                           dtype=np.float64)
+            if sums is None:
+                sums = np.zeros((K, U.shape[1]))
+                second_m = np.zeros((K, U.shape[1], U.shape[1])) if second else None
+            sums[k] += column_sums(U)
+            if second:
+                second_m[k] += U.T @ U
+    if sums is None:  # no rows: the map's output width from an empty block
+        width = np.asarray(fn(sorted_rows[:0], 0)).shape[1]
+        sums = np.zeros((K, width))
+        second_m = np.zeros((K, width, width)) if second else None
+    return sums, second_m
 
 
 @_quiet
 def pooled_moments(rows: np.ndarray) -> ClassMoments:
     """The count, mean and centred scatter of all ``rows`` as one class."""
-    m = column_sums(rows) / rows.shape[0] if rows.shape[0] else np.zeros(rows.shape[1])
-    C = rows - m
-    return ClassMoments(np.array([float(rows.shape[0])]), m[None, :], (C.T @ C)[None])
+    rows = np.asarray(rows, dtype=np.float64)
+    return sorted_moments(rows, np.array([0, rows.shape[0]]))

@@ -37,8 +37,7 @@ from scipy.stats import chi2
 from ...linalg import precision_combine, vech
 from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.projections import project_simplex
-from ...rows import ROW_BLOCK
-from ...statistics import affine_rows, clip_to_norm
+from ...rows import ROW_BLOCK, affine_rows, clip_to_norm
 
 __all__ = [
     "Budget",

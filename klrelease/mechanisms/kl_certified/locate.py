@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import norm
 
+from ...rows import clip_to_bounds
+
 __all__ = ["LOCATE", "Window", "Located", "histograms", "occupied", "located_from",
            "threshold_z", "first_window", "second_window", "located_frame", "in_bound"]
 
@@ -90,10 +92,16 @@ def histograms(T: np.ndarray, window: Window, bins: int) -> np.ndarray:
         return out
     span = np.where(window.hi > window.lo, window.hi - window.lo, 1.0)
     with np.errstate(invalid="ignore", over="ignore"):
-        pos = (np.clip(T, window.lo, window.hi) - window.lo) / span * bins
-    idx = np.clip(np.floor(np.nan_to_num(pos)), 0, bins - 1).astype(np.int64)
-    flat = idx + (np.arange(d) * bins)[None, :]
-    return np.bincount(flat.ravel(), minlength=d * bins).reshape(d, bins).astype(float)
+        # (clip(T) - lo) / span * bins, in one temporary array
+        pos = clip_to_bounds(T, window.lo, window.hi)
+        pos -= window.lo
+        pos /= span
+        pos *= bins
+    # bin max(pos, 0) (NaN to bin 0, as nan_to_num would), floored, at most bins - 1
+    pos = np.floor(np.fmax(pos, 0.0, out=pos), out=pos)
+    idx = np.minimum(pos, bins - 1, out=pos).astype(np.int64)
+    idx += (np.arange(d) * bins)[None, :]
+    return np.bincount(idx.ravel(), minlength=d * bins).reshape(d, bins).astype(float)
 
 
 def occupied(noisy: np.ndarray, window: Window, threshold: float, n_samples: int) -> Window:
@@ -123,7 +131,9 @@ class Located:
     upper: np.ndarray
 
     def __call__(self, T: np.ndarray) -> np.ndarray:
-        return np.clip((T - self.centre) / self.scale, self.lower, self.upper)
+        U = np.subtract(T, self.centre)
+        U /= self.scale
+        return clip_to_bounds(U, self.lower, self.upper, out=U)
 
 
 def located_from(noisy: np.ndarray, window: Window, threshold: float,

@@ -38,7 +38,8 @@ from ...gmm import GMM, check_gmm
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...privacy.response import debiased_moments
-from ...statistics import affine_rows, clip_to_norm
+from ...rows import ROW_BLOCK, affine_rows, class_blocks, clip_to_bounds, clip_to_norm, column_sums
+from ...stream.moments import pooled_moments, sorted_bounded_moments
 from ...warnings_ import warn_privacy
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan, last_resort
 from ..registry import register
@@ -135,7 +136,9 @@ def bound_frame(domain: Domain):
 
 
 def _clip_box(T: np.ndarray) -> np.ndarray:
-    return np.clip(T, -1.0, 1.0)
+    """Frame rows clipped into ``[-1, 1]^d``, in place (callers pass rows just mapped into
+    the frame, which nothing else holds)."""
+    return clip_to_bounds(T, -1.0, 1.0, out=T)
 
 
 @dataclass(frozen=True)
@@ -157,12 +160,21 @@ def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool
     ``B`` to radius ``sqrt(d)``) and rows are clipped into it; ``bounds_from_data=True`` reads
     the box from the data instead, which voids the guarantee (warned).
     """
+    frame, clip, certified, where, window = _frame_of(data, relation, bounds_from_data,
+                                                      norm_bound)
+    T = frame.to_frame(data.X)
+    return frame, T if clip is None else clip(T), certified, where, window
+
+
+def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, norm_bound):
+    """:func:`public_frame` without the rows: ``(frame, clip, certified, where, window)``,
+    ``clip`` the map clipping frame rows into the bound (``None`` under label flip)."""
     X = data.X
     d = data.n_features
     if relation == Adjacency.LABEL_FLIP:
         centre, C = _public_moments(X)
         frame = whitening_frame(centre, C)
-        return frame, frame.to_frame(X), True, "the public features (whitened)", None
+        return frame, None, True, "the public features (whitened)", None
     domain = _public_bound(data.domain, norm_bound, bounds_from_data, d)
     certified, where = True, "the public bound"
     if domain is None:
@@ -172,18 +184,54 @@ def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool
         domain = Domain("box", d, lo, lo + span, source="features")
         certified, where = False, "the private data (bounds_from_data=True)"
     frame, clip = bound_frame(domain)
-    return frame, clip(frame.to_frame(X)), certified, where, _bound_window(domain)
+    return frame, clip, certified, where, _bound_window(domain)
+
+
+def _frame_totals(X: np.ndarray, frame: Frame, radius: float) -> tuple[np.ndarray, np.ndarray]:
+    """Label flip: the public totals ``sum t t^T`` and ``sum clip_R(t)`` of the frame rows
+    ``t``, in blocks of rows in their own order: bit for bit the same function of the features
+    whatever the labels (rows grouped by class would round by label)."""
+    d = X.shape[1]
+    scatter, sums = np.zeros((d, d)), np.zeros(d)
+    for a in range(0, X.shape[0], ROW_BLOCK):
+        T = frame.to_frame(X[a:a + ROW_BLOCK])
+        scatter += T.T @ T
+        sums += column_sums(clip_to_norm(T, radius))
+    return scatter, sums
+
+
+def _grouped_rows(X: np.ndarray, codes: np.ndarray, n_classes: int, frame: Frame, clip=None,
+                  stage_a=None) -> tuple[_MemoryRows, np.ndarray | None]:
+    """The rows in the frame (clipped into the bound by ``clip``), grouped by class, built
+    block by block from the raw rows (one gather, one map into the frame, no other copy of
+    the data); with ``stage_a``, also the per-class sums of ``stage_a(t, k)`` on the way."""
+    order, bounds = class_blocks(codes, n_classes)
+    rows = np.empty((X.shape[0], frame.W.shape[1]))
+    sums = None if stage_a is None else np.zeros((n_classes, rows.shape[1]))
+    for k in range(n_classes):
+        for a in range(int(bounds[k]), int(bounds[k + 1]), ROW_BLOCK):
+            b = min(a + ROW_BLOCK, int(bounds[k + 1]))
+            T = frame.to_frame(np.take(X, order[a:b], axis=0))
+            if clip is not None:
+                T = clip(T)
+            rows[a:b] = T
+            if stage_a is not None:
+                sums[k] += column_sums(stage_a(T, k))
+    return _MemoryRows(rows, bounds), sums
 
 
 def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Label flip: the mean and covariance of the public features, their scales checked
     first (:func:`check_scales`) so that neither overflows."""
-    d = X.shape[1]
+    N, d = X.shape
     with np.errstate(all="ignore"):
-        check_scales(np.max(np.abs(X), axis=0) if X.shape[0] else np.zeros(d),
+        # max |x| per feature without a temporary array of |X|
+        check_scales(np.maximum(X.max(axis=0), -X.min(axis=0)) if N else np.zeros(d),
                      "the features' magnitudes")
-        centre = X.mean(axis=0)
-        C = np.atleast_2d(np.cov(X, rowvar=False)) if X.shape[0] > 1 else np.zeros((d, d))
+        # the moments a streamed source computes (pooled_moments), in one pass
+        m = pooled_moments(X)
+        centre = m.means[0]
+        C = m.scatters[0] / (N - 1) if N > 1 else np.zeros((d, d))
     check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)), "the features' standard deviations")
     return centre, C
 
@@ -215,32 +263,27 @@ def _warn_bounds_from_data():
 
 
 class _MemoryRows:
-    """The rows in the frame, grouped by class, in memory (the fast path): ``T`` and the
-    indices of each class's rows in their order (a class's rows are gathered when read, so
-    the rows are held once)."""
+    """The rows in the frame in memory (the fast path), grouped by class once: class ``k`` is
+    ``rows[bounds[k]:bounds[k+1]]`` (:func:`klrelease.rows.class_blocks`). Every stage reduces
+    them in cache-sized blocks (:func:`klrelease.stream.moments.sorted_bounded_moments`, the
+    per-chunk reduction of a streamed source), without copies of the whole array."""
 
-    def __init__(self, T: np.ndarray, blocks: list):
-        self.T, self.blocks = T, blocks
+    #: Rows per block of a histogram pass.
+    HIST_BLOCK = 1 << 15
 
-    @property
-    def rows(self):
-        return (self.T[b] for b in self.blocks)
+    def __init__(self, rows: np.ndarray, bounds: np.ndarray):
+        self.rows, self.bounds = rows, bounds
 
-    def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         """Per class k: the sum and (``second``) second moment of ``fn(T_k, k)``."""
-        K = len(self.blocks)
-        S1, S2 = np.zeros((K, d)), np.zeros((K, d, d))
-        for k, T in enumerate(self.rows):
-            if T.shape[0]:
-                U = fn(T, k)
-                S1[k] = U.sum(axis=0)
-                if second:
-                    S2[k] = U.T @ U
-        return S1, S2
+        return sorted_bounded_moments(self.rows, self.bounds, fn, second)
 
     def histograms(self, window, bins: int) -> np.ndarray:
         """Per-feature histograms of all rows (every class) clipped into ``window``."""
-        return sum(histograms(T, window, bins) for T in self.rows)
+        out = np.zeros((window.lo.shape[0], bins))
+        for a in range(0, self.rows.shape[0], self.HIST_BLOCK):
+            out += histograms(self.rows[a:a + self.HIST_BLOCK], window, bins)
+        return out
 
 
 @dataclass(frozen=True)
@@ -415,15 +458,11 @@ def _bound_window(domain: Domain) -> tuple[np.ndarray, np.ndarray]:
     return np.full(d, -h), np.full(d, h)
 
 
-def _early_rows(frame: Frame, clip, labelled, n_classes: int) -> _MemoryRows:
-    """The labelled sample's rows in the frame (the bound's clip first, if any), by class."""
-    from ...statistics import class_blocks
-
+def _early_rows(frame: Frame, clip, labelled, n_classes: int, stage_a=None):
+    """The labelled sample's rows in the frame (the bound's clip first, if any), grouped by
+    class, and (``stage_a``) their stage-A sums (:func:`_grouped_rows`)."""
     X, codes = labelled
-    T = frame.to_frame(X)
-    T = T if clip is None else clip(T)
-    order, bounds = class_blocks(codes, n_classes)
-    return _MemoryRows(T, [order[bounds[k]:bounds[k + 1]] for k in range(n_classes)])
+    return _grouped_rows(X, codes, n_classes, frame, clip, stage_a)
 
 
 def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_bound,
@@ -461,9 +500,9 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
         if not sampled:
             counts, sums, total = source.sums(_FrameClip(frame, clip, R))
         else:  # stage A on the labelled sample, scaled; the counts of every row (pass 1)
-            counts, early = got[2], _early_rows(frame, clip, got[3], K)
-            c = N / got[3][1].shape[0]
-            sums = c * early.stats(_CentredClip(np.zeros((K, d)), R), d, second=False)[0]
+            early, sums = _early_rows(frame, clip, got[3], K, _CentredClip(np.zeros((K, d)), R))
+            counts, c = got[2], N / got[3][1].shape[0]
+            sums = c * sums
             total = sums.sum(axis=0)
         return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
                     N=N, R=R, total_scatter=total_scatter, sums=sums, counts=counts,
@@ -476,7 +515,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     counts, labelled = source.counts_and_sample(S)
     N = int(round(counts.sum()))
     sampled = N > S
-    early = _early_rows(frame, clip, labelled, K) if sampled else None
+    early = _early_rows(frame, clip, labelled, K)[0] if sampled else None
     c = N / labelled[1].shape[0] if sampled else 1.0
     R = located_radius(d, S if sampled else N, K, budget_of(N))
     return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
@@ -909,34 +948,27 @@ class KLCertified(Mechanism):
                 extra["early_stages"] = (
                     f"a sample of {round(N / scale)} of the {N} rows, chosen by their index")
         else:
-            frame, T, bound_ok, where, window = public_frame(
+            frame, clip, bound_ok, where, window = _frame_of(
                 data, relation, bool(options["bounds_from_data"]), options["norm_bound"])
             N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
             budget = budget_for(N)
-            from ...statistics import class_blocks
 
+            stage_a = None
             if lf:
-                from ...stream.sample import sample_indices
+                from ...stream.sample import sample_rows
 
-                # the row sample in the frame: its rows of T (the same per-row map)
-                pick = sample_indices(N)
-                sample, public_rows = data.X[pick], T[pick]
-                R = sample_radius(frame, sample, budget, N, K, public_rows)
-                # public totals from the rows in their own order: bit for bit the same
-                # function of the features whatever the labels (sorted rows would round by
-                # label)
-                A = clip_to_norm(T, R)
-                total_scatter, total_sums = T.T @ T, A.sum(axis=0)
+                sample = sample_rows(data.X)
+                public_rows = frame.to_frame(sample)
+                R = sample_radius(frame, sample, budget, N, K)
+                total_scatter, total_sums = _frame_totals(data.X, frame, R)
+                stage_a = _CentredClip(np.zeros((K, d)), R)
             else:
                 R = located_radius(d, N, K, budget)
                 total_scatter = total_sums = public_rows = None
-            order, bounds = class_blocks(data.codes, K)
-            blocks = [order[bounds[k]:bounds[k + 1]] for k in range(K)]
-            rows = _MemoryRows(T, blocks)
-            counts = np.diff(bounds).astype(float)
-            sums = None
-            if lf:
-                sums = np.stack([A[b].sum(axis=0) for b in blocks])
+            # grouped by class once; under label flip, stage A's sums on the way (before any
+            # noise)
+            rows, sums = _grouped_rows(data.X, data.codes, K, frame, clip, stage_a)
+            counts = np.diff(rows.bounds).astype(float)
         if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
             where = "the public bound"  # too few rows to locate at this budget
         pub = PublicInputs(

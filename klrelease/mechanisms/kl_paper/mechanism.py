@@ -42,6 +42,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
+from ..._threads import blas_single_thread
 from ...data import LabelledData
 from ...domain import Domain
 from ...gmm import GMM
@@ -173,6 +174,7 @@ class KLPaper(Mechanism):
     #: then passes scoring the neighbour constraints of every class at once.
     streams = True
 
+    @blas_single_thread  # per-class blocks and d x d matrices: threads only synchronise
     def plan(self, data: LabelledData, *, epsilon: float, delta: float, **options) -> KLPaperPlan:
         from ...stream import Source
 

@@ -1,0 +1,179 @@
+"""The blocked per-class reductions of the in-memory and streamed paths against straightforward
+reference implementations (one mask per class, whole-array numpy), on classes of awkward
+sizes: an empty class, a one-row class, and a class spanning several row blocks."""
+
+import numpy as np
+import pytest
+
+from klrelease.mechanisms.kl_certified.design import tail_corrections
+from klrelease.mechanisms.kl_certified.locate import Located, Window, histograms
+from klrelease.mechanisms.kl_certified.mechanism import (
+    _CentredClip,
+    _clip_box,
+    _MemoryRows,
+    _public_moments,
+    _RegionClip,
+)
+from klrelease.rows import ROW_BLOCK, class_blocks, clip_to_bounds, clip_to_norm
+from klrelease.statistics import class_statistics
+from klrelease.stream.moments import (
+    bounded_class_moments,
+    chunk_moments,
+    pooled_moments,
+    sorted_bounded_moments,
+    sorted_moments,
+)
+
+K, D = 5, 4
+RTOL = 1e-12
+
+
+def _awkward(seed=0):
+    """Class 0 spans more than two row blocks, class 1 is empty, class 3 has one row; rows in
+    random order, a large common offset."""
+    rng = np.random.default_rng(seed)
+    sizes = [2 * ROW_BLOCK + 37, 0, 513, 1, ROW_BLOCK]
+    y = np.repeat(np.arange(K), sizes)
+    rng.shuffle(y)
+    X = 1e3 + rng.normal(size=(y.size, D)) * rng.uniform(0.5, 4.0, D) + 3.0 * y[:, None]
+    return X, y, sizes
+
+
+def _reference_moments(X, y):
+    counts = np.array([np.sum(y == k) for k in range(K)], dtype=float)
+    means = np.zeros((K, D))
+    scat = np.zeros((K, D, D))
+    for k in range(K):
+        Xk = X[y == k]
+        if Xk.shape[0]:
+            means[k] = Xk.mean(axis=0)
+            C = Xk - means[k]
+            scat[k] = C.T @ C
+    return counts, means, scat
+
+
+def test_chunk_and_sorted_moments_match_reference():
+    X, y, sizes = _awkward()
+    counts, means, scat = _reference_moments(X, y)
+    m = chunk_moments(X, y, K)
+    np.testing.assert_array_equal(m.counts, sizes)
+    np.testing.assert_allclose(m.means, means, rtol=RTOL)
+    np.testing.assert_allclose(m.scatters, scat, rtol=1e-10, atol=1e-9)
+    order, bounds = class_blocks(y, K)
+    s = sorted_moments(X[order], bounds)
+    np.testing.assert_array_equal(s.counts, m.counts)
+    np.testing.assert_allclose(s.means, m.means, rtol=RTOL)
+    np.testing.assert_allclose(s.scatters, m.scatters, rtol=RTOL, atol=1e-9)
+    assert np.all(m.means[1] == 0) and np.all(m.scatters[1] == 0)  # the empty class
+    assert np.all(m.scatters[3] == 0)  # one row: no spread
+    p = pooled_moments(X)
+    np.testing.assert_allclose(p.means[0], X.mean(axis=0), rtol=RTOL)
+    C = X - X.mean(axis=0)
+    np.testing.assert_allclose(p.scatters[0], C.T @ C, rtol=1e-10)
+
+
+def test_class_statistics_match_numpy_cov():
+    X, y, _ = _awkward(1)
+    keep = np.isin(y, [0, 2, 4])  # classes of >= 2 rows
+    codes = np.searchsorted([0, 2, 4], y[keep])
+    st = class_statistics(X[keep], codes, 3)
+    for k, c in enumerate([0, 2, 4]):
+        np.testing.assert_allclose(st.covariances[k], np.cov(X[y == c].T), rtol=1e-10)
+
+
+def test_bounded_moments_match_reference():
+    X, y, sizes = _awkward(2)
+    shift = np.random.default_rng(3).normal(size=(K, D)) * 2.0 + 1e3
+
+    def fn(T, k):
+        return clip_to_norm(T - shift[k], 2.5)
+
+    counts, sums, second = bounded_class_moments(X, y, K, fn)
+    np.testing.assert_array_equal(counts, sizes)
+    order, bounds = class_blocks(y, K)
+    s1, s2 = sorted_bounded_moments(X[order], bounds, fn)
+    s1b, none = sorted_bounded_moments(X[order], bounds, fn, second=False, block=1000)
+    assert none is None
+    for k in range(K):
+        U = fn(X[y == k], k)
+        for got in (sums[k], s1[k], s1b[k]):
+            np.testing.assert_allclose(got, U.sum(axis=0), rtol=RTOL, atol=1e-10)
+        for got in (second[k], s2[k]):
+            np.testing.assert_allclose(got, U.T @ U, rtol=RTOL, atol=1e-10)
+    # no rows at all: the map's width, zeros
+    e1, e2 = sorted_bounded_moments(X[:0], np.zeros(K + 1, dtype=int), fn)
+    assert e1.shape == (K, D) and e2.shape == (K, D, D) and not e1.any() and not e2.any()
+
+
+def test_memory_rows_match_reference():
+    """The kl-certified stage maps over rows grouped by class once, against masks."""
+    X, y, _ = _awkward(4)
+    T = (X - X.mean(axis=0)) / X.std(axis=0)
+    order, bounds = class_blocks(y, K)
+    rows = _MemoryRows(np.take(T, order, axis=0), bounds)
+    rng = np.random.default_rng(5)
+    centres = rng.normal(size=(K, D))
+    W = rng.normal(size=(K, D, D)) * 0.5
+    radii = rng.uniform(0.5, 3.0, K)
+    for fn in (_CentredClip(centres, 1.5), _RegionClip(centres, W, radii)):
+        S1, S2 = rows.stats(fn, D)
+        for k in range(K):
+            U = fn(T[y == k], k)
+            np.testing.assert_allclose(S1[k], U.sum(axis=0), rtol=RTOL, atol=1e-10)
+            np.testing.assert_allclose(S2[k], U.T @ U, rtol=RTOL, atol=1e-10)
+    window = Window(np.full(D, -2.0), np.full(D, 1.5))
+    H = rows.histograms(window, 16)
+    P = np.clip(T, -2.0, 1.5)
+    ref = np.stack([np.histogram(P[:, j], bins=16, range=(-2.0, 1.5))[0] for j in range(D)])
+    np.testing.assert_array_equal(H, ref)
+    assert H.sum() == T.shape[0] * D
+
+
+def test_histograms_and_clips_equal_numpy():
+    rng = np.random.default_rng(6)
+    T = rng.normal(size=(3000, D)) * 3
+    T[0, 1] = np.nan
+    lo, hi = np.full(D, -1.0), np.array([1.0, 2.0, 0.5, 1.0])
+    np.testing.assert_array_equal(clip_to_bounds(T, lo, hi), np.clip(T, lo, hi))
+    U = T.copy()
+    assert clip_to_bounds(U, lo, hi, out=U) is U
+    np.testing.assert_array_equal(U, np.clip(T, lo, hi))
+    np.testing.assert_array_equal(_clip_box(T.copy()), np.clip(T, -1.0, 1.0))
+    loc = Located(rng.normal(size=D), rng.uniform(0.5, 2, D), np.full(D, -1.5), np.full(D, 2.0))
+    np.testing.assert_array_equal(loc(T), np.clip((T - loc.centre) / loc.scale, -1.5, 2.0))
+    # histograms: the original formula (clip, scale, floor, NaN to bin 0)
+    win = Window(lo, hi)
+    span = hi - lo
+    pos = (np.clip(T, lo, hi) - lo) / span * 8
+    idx = np.clip(np.floor(np.nan_to_num(pos)), 0, 7).astype(np.int64)
+    ref = np.stack([np.bincount(idx[:, j], minlength=8) for j in range(D)]).astype(float)
+    np.testing.assert_array_equal(histograms(T, win, 8), ref)
+
+
+def test_public_moments_match_numpy():
+    X, _, _ = _awkward(7)
+    centre, C = _public_moments(X)
+    np.testing.assert_allclose(centre, X.mean(axis=0), rtol=RTOL)
+    np.testing.assert_allclose(C, np.cov(X, rowvar=False), rtol=1e-10)
+
+
+@pytest.mark.parametrize("radius", [0.0, 0.8, 2.0, np.inf])
+def test_tail_corrections_match_reference(radius):
+    """Only rows the clip moves add to the tail corrections: the same as summing all rows."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(8)
+    T = rng.standard_t(3, size=(4000, D))
+    resp = rng.dirichlet(np.ones(K), size=T.shape[0])
+    reg = SimpleNamespace(centres=rng.normal(size=(K, D)) * 0.3,
+                          W=np.stack([np.eye(D) * rng.uniform(0.5, 2) for _ in range(K)]),
+                          radius=np.full(K, radius))
+    pub = SimpleNamespace(public_rows=T, n_classes=K, n_features=D, n_samples=10 * T.shape[0])
+    E1, E2 = tail_corrections(pub, reg, resp)
+    for k in range(K):
+        U = (T - reg.centres[k]) @ reg.W[k]
+        V = clip_to_norm(U, radius)
+        w = resp[:, k:k + 1] * 10.0
+        np.testing.assert_allclose(E1[k], np.sum(w * (U - V), axis=0), rtol=1e-10, atol=1e-9)
+        np.testing.assert_allclose(E2[k], (U * w).T @ U - (V * w).T @ V, rtol=1e-10,
+                                   atol=1e-8)
