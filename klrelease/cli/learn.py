@@ -12,19 +12,22 @@ import inspect
 import typing
 import warnings
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import numpy as np
 import typer
-from rich.table import Table
 
 from .app import BadInput, Force, _write_atomic, app, check_output, err_console, out_console
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["learn_command", "list_learners", "parse_params", "read_unlabelled_csv"]
 
 
 def read_unlabelled_csv(path: Path, columns: str | None) -> tuple[np.ndarray, list[str]]:
     """Numeric columns of a CSV with a header row (all of them, or the named ones)."""
+    import numpy as np
+
     try:
         with Path(path).open(newline="") as fh:
             rows = [r for r in csv.reader(fh) if r]
@@ -168,6 +171,8 @@ def list_learners(
 ):
     """List the learners for unlabelled data, or one learner's options with types and
     defaults."""
+    from rich.table import Table
+
     from ..learners import get_learner, learners
     from ..learners.result import describe_learner
 

@@ -8,13 +8,10 @@ import warnings
 from pathlib import Path
 from typing import Annotated
 
-import numpy as np
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from ..learners.result import MechanismFailed
 from .app import (
+    Command,
     Force,
     _fail,
     _load_input,
@@ -24,6 +21,7 @@ from .app import (
     cli_message,
     describe_output,
     err_console,
+    late_help,
     mechanism_inputs,
     option_help,
     out_console,
@@ -37,6 +35,8 @@ SAMPLE_CHUNK = 65536
 
 def warn_uncertified(caught, statement: str | None) -> None:
     """One visible ``warning:`` line per distinct privacy warning (and the statement)."""
+    from rich.markup import escape
+
     from ..warnings_ import PrivacyLeakWarning
 
     lines = []
@@ -50,7 +50,7 @@ def warn_uncertified(caught, statement: str | None) -> None:
                           highlight=False)
 
 
-@app.command()
+@app.command(cls=Command)
 def release(
     epsilon: Annotated[float, typer.Option(help="privacy parameter epsilon (> 0)")],
     delta: Annotated[float, typer.Option(help="privacy parameter delta, in (0, 1)")],
@@ -79,12 +79,13 @@ def release(
     lower: Annotated[str | None, typer.Option(help="public lower bound(s), comma list")] = None,
     upper: Annotated[str | None, typer.Option(help="public upper bound(s), comma list")] = None,
     norm_bound: Annotated[float | None, typer.Option(help="public bound on ||x||_2")] = None,
-    option: Annotated[list[str] | None, typer.Option(help=option_help())] = None,
+    option: Annotated[list[str] | None, typer.Option(help=late_help(option_help))] = None,
     force: Force = False,
 ):
     """Release a differentially private GMM of a labelled dataset."""
     from .. import release as do_release
     from ..data import check_privacy_parameters
+    from ..learners.result import MechanismFailed
     from ..mechanisms import get_mechanism
 
     eps, dlt = check_privacy_parameters(epsilon, delta)
@@ -171,6 +172,8 @@ def sample(
     Reads a release or a learner's artifact; the label of a learner's row is its component.
     Rows are drawn and written in blocks, so memory does not grow with -n.
     """
+    import numpy as np
+
     from ..artifact import load_model
     from ..rng import make_rng
 
@@ -204,6 +207,9 @@ def inspect(
 ):
     """Show a readable summary of a release artifact, a learner's artifact or a FAIL document
     (validated; the claim is recomputed; with --verify --key, the signature checked first)."""
+    import numpy as np
+    from rich.table import Table
+
     from ..artifact import FailDocument, read_document
 
     public_key = None
@@ -286,6 +292,8 @@ def list_mechanisms(
     name: Annotated[str | None, typer.Argument(help="show this mechanism's options")] = None,
 ):
     """List the registered mechanisms, or one mechanism's options with types and defaults."""
+    from rich.table import Table
+
     from ..mechanisms import get_mechanism, mechanisms
     from ..mechanisms.base import describe_options
 
