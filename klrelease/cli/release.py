@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Annotated
@@ -30,7 +31,7 @@ from .app import (
 __all__ = ["release", "sample", "inspect", "list_mechanisms"]
 
 #: Rows drawn and written per block by ``sample`` (memory does not grow with ``-n``).
-SAMPLE_CHUNK = 65536
+SAMPLE_CHUNK = 1 << 16
 
 
 def warn_uncertified(caught, statement: str | None) -> None:
@@ -157,43 +158,118 @@ def _dask_client(address: str | None):
             yield client
 
 
+#: ``sample``'s output formats, and the suffixes of --out that choose Parquet.
+SAMPLE_FORMATS = ("csv", "parquet")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
 @app.command()
 def sample(
     artifact: Annotated[Path, typer.Argument(
         help="a release artifact or a learner's (JSON)")],
     n: Annotated[int, typer.Option("-n", "--n", help="number of rows")] = 1000,
     out: Annotated[Path, typer.Option(
-        help="CSV file to write ('-': standard output)")] = Path("synthetic.csv"),
-    seed: Annotated[int | None, typer.Option(help="seed for the synthetic draw")] = None,
+        help="CSV or Parquet file to write ('-': standard output)")] = Path("synthetic.csv"),
+    seed: Annotated[int | None, typer.Option(
+        help="seed for the synthetic draw: reproducible, for experiments (default: the "
+             "operating system's CSPRNG)")] = None,
+    fmt: Annotated[str | None, typer.Option(
+        "--format", help="csv or parquet (default: parquet when --out ends in .parquet or "
+                         ".pq, else csv)")] = None,
     force: Force = False,
 ):
     """Draw synthetic labelled rows from a released GMM (post-processing: no privacy cost).
 
     Reads a release or a learner's artifact; the label of a learner's row is its component.
-    Rows are drawn and written in blocks, so memory does not grow with -n.
+    Rows are drawn and written in blocks, so memory does not grow with -n; a seed gives the
+    same rows whatever the block size.
     """
-    import numpy as np
-
     from ..artifact import load_model
     from ..rng import make_rng
 
     if n < 1:
         _fail(f"-n must be >= 1, got {n}")
+    if fmt is None:
+        fmt = "parquet" if out.suffix.lower() in PARQUET_SUFFIXES else "csv"
+    elif fmt not in SAMPLE_FORMATS:
+        _fail(f"--format must be csv or parquet, got {fmt!r}")
     check_output(out, force, stdout=True)
     rel = load_model(artifact)
     rng = make_rng(seed).generator
     names = rel.feature_names or [f"x{i}" for i in range(rel.gmm.n_features)]
-    with atomic_output(out, force=force, stdout=True) as fh:
-        fh.write(",".join([*names, "label"]) + "\n")
-        left = n
-        while left > 0:
-            m = min(left, SAMPLE_CHUNK)
-            X, y = rel.gmm.sample(m, seed=rng)
-            body = np.char.mod("%.6g", X)
-            rows = [",".join([*row, str(lab)]) for row, lab in zip(body, y, strict=True)]
-            fh.write("\n".join(rows) + "\n")
-            left -= m
+    blocks = rel.gmm.sample_blocks(n, rng, block=SAMPLE_CHUNK)
+    with atomic_output(out, "wb", force=force, stdout=True) as fh:
+        write_rows(fh, blocks, names, rel.gmm.classes, fmt)
     err_console.print(f"wrote {n} rows to {describe_output(out)}", highlight=False)
+
+
+def write_rows(fh, blocks, names: list[str], classes, fmt: str, *,
+               threads: int | None = None) -> None:
+    """Write blocks ``(X, comp)`` of labelled rows to the binary file ``fh`` as CSV (a header
+    row ``names..., label``, then the rows; numbers as the shortest text that reads back as
+    the same double) or Parquet (a float64 column per feature, then ``label``: integers when
+    every class is an integer, else text; one row group per block).
+
+    pyarrow formats the blocks in ``threads`` threads (default: one per core; Parquet: one)
+    while the next blocks are drawn; they are written in order, with at most ``threads + 1``
+    blocks in flight, so memory stays bounded by the block size.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    integer = fmt == "parquet" and all(
+        isinstance(c, int | np.integer) and not isinstance(c, bool | np.bool_) for c in classes)
+    text = [str(c) for c in classes]
+    labels = pa.array([int(c) for c in classes] if integer else text,
+                      type=pa.int64() if integer else pa.string())
+    schema = pa.schema([*(pa.field(name, pa.float64()) for name in names),
+                        pa.field("label", labels.type)])
+
+    def batch(X, comp):
+        return pa.record_batch([*np.ascontiguousarray(X.T), labels.take(comp)], schema=schema)
+
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with pq.ParquetWriter(fh, schema, use_dictionary=["label"]) as writer:
+            for _ in _in_order(blocks, lambda X, comp: writer.write_batch(batch(X, comp)), 1):
+                pass
+        return
+    import pyarrow.csv as pcsv
+
+    # labels as they are (as the header is), unless one holds a separator, a quote or a line
+    # break: then every label is quoted
+    plain = not any(ch in t for t in text for ch in ',"\r\n')
+    options = pcsv.WriteOptions(include_header=False,
+                                quoting_style="none" if plain else "needed")
+
+    def to_csv(X, comp):
+        buf = pa.BufferOutputStream()
+        pcsv.write_csv(batch(X, comp), buf, options)
+        return buf.getvalue()
+
+    fh.write((",".join([*names, "label"]) + "\n").encode())
+    for data in _in_order(blocks, to_csv, threads or os.cpu_count() or 1):
+        fh.write(data)
+
+
+def _in_order(blocks, work, threads: int):
+    """``work(*block)`` of every block, computed in ``threads`` threads and yielded in the
+    blocks' order; at most ``threads + 1`` blocks are in flight."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="klrelease-write")
+    pending: deque = deque()
+    try:
+        for block in blocks:
+            pending.append(pool.submit(work, *block))
+            if len(pending) > threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @app.command()
