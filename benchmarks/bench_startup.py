@@ -81,7 +81,7 @@ def main() -> None:
     if args.before:
         rev = subprocess.run(["git", "-C", str(args.before), "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True).stdout.strip()
-        before = f" (commit {rev})" if rev else ""
+        before = f" (commit {rev})" if rev else f" ({args.before.name})"
     lines = ["# Start-up of the command line", "",
              f"Produced by `python benchmarks/bench_startup.py --runs {args.runs}"
              + (" --before OTHER_CHECKOUT" if args.before else "") + "` on a shared "

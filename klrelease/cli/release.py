@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Annotated
@@ -31,7 +30,7 @@ from .app import (
 __all__ = ["release", "sample", "inspect", "list_mechanisms"]
 
 #: Rows drawn and written per block by ``sample`` (memory does not grow with ``-n``).
-SAMPLE_CHUNK = 1 << 16
+SAMPLE_CHUNK = 65536
 
 
 def warn_uncertified(caught, statement: str | None) -> None:
@@ -203,16 +202,15 @@ def sample(
     err_console.print(f"wrote {n} rows to {describe_output(out)}", highlight=False)
 
 
-def write_rows(fh, blocks, names: list[str], classes, fmt: str, *,
-               threads: int | None = None) -> None:
+def write_rows(fh, blocks, names: list[str], classes, fmt: str) -> None:
     """Write blocks ``(X, comp)`` of labelled rows to the binary file ``fh`` as CSV (a header
     row ``names..., label``, then the rows; numbers as the shortest text that reads back as
     the same double) or Parquet (a float64 column per feature, then ``label``: integers when
     every class is an integer, else text; one row group per block).
 
-    pyarrow formats the blocks in ``threads`` threads (default: one per core; Parquet: one)
-    while the next blocks are drawn; they are written in order, with at most ``threads + 1``
-    blocks in flight, so memory stays bounded by the block size.
+    pyarrow formats (CSV) or encodes (Parquet) each block in a second thread while the next
+    block is drawn, with at most two blocks in flight, so memory stays bounded by the block
+    size. (More threads do not help CSV: ``pyarrow.csv.write_csv`` holds the GIL.)
     """
     import numpy as np
     import pyarrow as pa
@@ -249,7 +247,7 @@ def write_rows(fh, blocks, names: list[str], classes, fmt: str, *,
         return buf.getvalue()
 
     fh.write((",".join([*names, "label"]) + "\n").encode())
-    for data in _in_order(blocks, to_csv, threads or os.cpu_count() or 1):
+    for data in _in_order(blocks, to_csv, 1):
         fh.write(data)
 
 
