@@ -2,11 +2,59 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
+from statistics import NormalDist
 
 import numpy as np
 
-__all__ = ["GMM", "fit_gmm", "check_gmm"]
+from .rows import class_blocks
+
+__all__ = ["GMM", "fit_gmm", "check_gmm", "SAMPLE_BLOCK"]
+
+#: Rows per block of :meth:`GMM.sample_blocks` unless told otherwise.
+SAMPLE_BLOCK = 1 << 16
+
+
+def normal_cuts(weights: np.ndarray) -> np.ndarray:
+    """Cut points ``t`` (length K - 1, non-decreasing) with ``Phi(t_j) = w_0 + ... + w_j``:
+    a standard normal ``z`` falls in component ``k = #{j : t_j < z}`` with probability
+    ``w_k``. The mass below a cut is taken from the lower sum and the mass above from the
+    upper sum, whichever is under a half, so that small weights in either tail keep their
+    relative accuracy (a weight of 0 is never drawn: its cuts coincide)."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    below = np.cumsum(w)[:-1]
+    above = np.cumsum(w[::-1])[::-1][1:]
+    inv = NormalDist().inv_cdf
+    cuts = np.empty(below.shape[0])
+    for j, (lo, up) in enumerate(zip(below, above, strict=True)):
+        if lo <= 0.0:
+            cuts[j] = -np.inf
+        elif up <= 0.0:
+            cuts[j] = np.inf
+        elif lo <= 0.5:
+            cuts[j] = inv(float(lo))
+        else:
+            cuts[j] = -inv(float(up))
+    return np.maximum.accumulate(cuts) if cuts.size else cuts
+
+
+def _affine(Z: np.ndarray, lower: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """The rows ``mean + lower @ z`` of the rows ``z`` of ``Z``, for a lower-triangular
+    ``lower``, one product of a column by a number at a time: each entry is summed in the same
+    order whatever the number of rows (a BLAS product changes its kernel, and the last bit of
+    its sums, with the shape). Works on the transpose, whose columns are contiguous."""
+    ZT = np.ascontiguousarray(Z.T)
+    XT = np.empty_like(ZT)
+    term = np.empty(ZT.shape[1])
+    for i in range(ZT.shape[0]):
+        XT[i] = mean[i]
+        for j in range(i + 1):
+            np.multiply(ZT[j], lower[i, j], out=term)
+            XT[i] += term
+    return XT.T
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,6 +188,46 @@ class GMM:
             raise ValueError(f"per_class counts sum to {int(counts.sum())}, not n = {n}")
         return counts
 
+    @cached_property
+    def _cholesky(self) -> np.ndarray:
+        """The lower Cholesky factor of every covariance, shape (K, d, d)."""
+        return np.linalg.cholesky(self.covariances)
+
+    @cached_property
+    def _cuts(self) -> np.ndarray:
+        return normal_cuts(self.weights)
+
+    def sample_blocks(self, n: int, seed: int | np.random.Generator | None = None, *,
+                      block: int = SAMPLE_BLOCK) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Draw ``n`` rows in blocks of at most ``block``: yields ``(X, comp)`` per block, with
+        ``comp`` the component index of each row (``classes[comp]`` its label).
+
+        Row ``i`` takes the next ``d + 1`` standard normals of the stream: the first chooses
+        its component (``k`` with probability ``w_k``, by the cut points of
+        :func:`normal_cuts`), the other ``d``, ``z``, its point ``mu_k + L_k z`` (``L_k`` the
+        Cholesky factor of ``Sigma_k``). The rows are therefore the same whatever the block
+        size, and memory stays of the order of ``block * d``.
+        """
+        if isinstance(n, bool) or int(n) != n or n < 0:
+            raise ValueError(f"n must be a non-negative integer, got {n!r}")
+        if isinstance(block, bool) or int(block) != block or block < 1:
+            raise ValueError(f"block must be a positive integer, got {block!r}")
+        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        n, block = int(n), int(block)
+        K, d = self.n_components, self.n_features
+        cuts, chol = self._cuts, self._cholesky
+        for start in range(0, n, block):
+            m = min(block, n - start)
+            Z = rng.standard_normal((m, d + 1))
+            comp = np.searchsorted(cuts, Z[:, 0], side="left")
+            order, bounds = class_blocks(comp, K)
+            X = np.empty((m, d))
+            for k in range(K):
+                rows = order[bounds[k]:bounds[k + 1]]
+                if rows.size:
+                    X[rows] = _affine(Z[rows, 1:], chol[k], self.means[k])
+            yield X, comp
+
     def sample(self, n: int, seed: int | np.random.Generator | None = None, *,
                per_class=None):
         """Draw ``n`` labelled points; returns ``(X, y)`` with ``y`` holding class labels.
@@ -152,21 +240,24 @@ class GMM:
             Randomness of the draw.
         per_class : None, "weights", sequence or mapping, optional
             None (default): each row's class is drawn from the weights (multinomial class
-            histogram). Otherwise the class histogram is fixed exactly by
-            :meth:`class_counts` (``"weights"``: ``n`` apportioned by the weights; or explicit
-            counts per class) and the rows are returned in random order. Sampling from a
-            release is post-processing; passing the exact class counts of private data would
-            publish them, so a data owner uses ``"weights"`` (the released weights).
+            histogram), as in :meth:`sample_blocks` (the same rows, in one block). Otherwise
+            the class histogram is fixed exactly by :meth:`class_counts` (``"weights"``: ``n``
+            apportioned by the weights; or explicit counts per class) and the rows are returned
+            in random order. Sampling from a release is post-processing; passing the exact
+            class counts of private data would publish them, so a data owner uses
+            ``"weights"`` (the released weights).
         """
         if int(n) != n or n < 0:
             raise ValueError(f"n must be a non-negative integer, got {n!r}")
         rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         n = int(n)
         if per_class is None:
-            comp = rng.choice(self.n_components, size=n, p=self.weights)
-        else:
-            counts = self.class_counts(n, per_class)
-            comp = rng.permutation(np.repeat(np.arange(self.n_components), counts))
+            if n == 0:
+                return np.empty((0, self.n_features)), self._labels_of(np.empty(0, np.intp))
+            ((X, comp),) = self.sample_blocks(n, rng, block=n)
+            return X, self._labels_of(comp)
+        counts = self.class_counts(n, per_class)
+        comp = rng.permutation(np.repeat(np.arange(self.n_components), counts))
         counts = np.bincount(comp, minlength=self.n_components)
         X = np.empty((n, self.n_features))
         for k in range(self.n_components):

@@ -99,11 +99,12 @@ def _wait_for(predicate, proc, timeout=120.0):
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("name", ["big.csv", "big.parquet"])
 @pytest.mark.parametrize(("sig", "code", "line"), [(signal.SIGTERM, 143, "terminated"),
                                                    (signal.SIGINT, 130, "interrupted")])
-def test_a_signal_during_a_write_removes_the_temporary_file(artifact, sig, code, line):
+def test_a_signal_during_a_write_removes_the_temporary_file(artifact, sig, code, line, name):
     folder = artifact.parent
-    proc = _start(["sample", "r.json", "-n", "50000000", "--out", "big.csv"], folder)
+    proc = _start(["sample", "r.json", "-n", "50000000", "--out", name], folder)
     _wait_for(lambda: any(p.name.startswith(".klrelease-") and p.stat().st_size > 0
                           for p in folder.iterdir()), proc)
     proc.send_signal(sig)

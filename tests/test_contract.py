@@ -540,14 +540,15 @@ def test_sample_streams_in_blocks_and_refuses_bad_names(iris, tmp_path, monkeypa
     art = tmp_path / "r.json"
     art.write_text(rel.to_json())
     sizes = []
-    original = kr.GMM.sample
+    original = kr.GMM.sample_blocks
 
-    def spy(self, n, seed=None):
-        sizes.append(n)
-        return original(self, n, seed=seed)
+    def spy(self, n, seed=None, *, block):
+        for X, comp in original(self, n, seed, block=block):
+            sizes.append(len(X))
+            yield X, comp
 
     monkeypatch.setattr(cli_release, "SAMPLE_CHUNK", 100)
-    monkeypatch.setattr(kr.GMM, "sample", spy)
+    monkeypatch.setattr(kr.GMM, "sample_blocks", spy)
     out = tmp_path / "s.csv"
     assert main(["sample", str(art), "-n", "1050", "--out", str(out)]) == 0
     assert max(sizes) == 100 and sum(sizes) == 1050

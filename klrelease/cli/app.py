@@ -16,16 +16,32 @@ import stat
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
-import numpy as np
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperGroup
+
+
+class Group(TyperGroup):
+    """A group of commands whose ``--help`` flag is False when not given (None in typer): typer
+    coerces a parameter's value through pydantic unless it is a bool, and building that
+    coercion imported pydantic on every command (a third of a second for ``klrelease sample
+    --help``)."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None and option.default is None:
+            option.default = False
+        return option
+
 
 app = typer.Typer(
     name="klrelease",
+    cls=Group,
     help="Differentially private release of labelled Gaussian mixture models.",
     add_completion=False,
     no_args_is_help=True,
@@ -256,7 +272,35 @@ def _parse_floats(text: str | None, name: str):
         vals = [float(v) for v in text.split(",")]
     except ValueError:
         _fail(f"{name} must be a number or a comma-separated list of numbers")
-    return vals[0] if len(vals) == 1 else np.array(vals)
+    if len(vals) == 1:
+        return vals[0]
+    import numpy as np
+
+    return np.array(vals)
+
+
+#: Help texts made when a command's help is shown: placeholder -> the function that makes it.
+_LATE_HELP: dict[str, Callable[[], str]] = {}
+
+
+def late_help(make: Callable[[], str]) -> str:
+    """The help of an option that :class:`Command` replaces by ``make()`` when the command's
+    help is shown, so that building the command line runs (and imports) nothing ``make``
+    needs; e.g. ``--option``'s help lists the mechanisms' options."""
+    key = f"<help: {make.__module__}.{make.__qualname__}>"
+    _LATE_HELP[key] = make
+    return key
+
+
+class Command(TyperCommand):
+    """A command whose options' help may be made late (:func:`late_help`)."""
+
+    def format_help(self, ctx, formatter) -> None:
+        for param in self.params:
+            make = _LATE_HELP.get(getattr(param, "help", None))
+            if make is not None:
+                param.help = make()
+        return super().format_help(ctx, formatter)
 
 
 def option_help() -> str:
@@ -412,6 +456,8 @@ def _classes_for(y, classes):
     """
     if classes is None:
         return None, y
+    import numpy as np
+
     declared = [str(c).strip() for c in classes]
     try:
         ints = [int(c) for c in declared]
@@ -513,29 +559,39 @@ def _interrupted() -> int:
     return 130
 
 
-def _main(argv: list[str]) -> int:
-    from .. import solvers
-    from ..learners.result import MechanismFailed
+def _loaded(module: str, name: str) -> tuple[type, ...]:
+    """The exception class ``module.name`` if ``module`` is loaded, else none: an exception of
+    a module that was never loaded cannot have been raised, and the start-up of the command
+    line (``--help``, a usage error) loads neither the solvers nor the learners."""
+    mod = sys.modules.get(module)
+    return (getattr(mod, name),) if mod is not None else ()
 
+
+def _main(argv: list[str]) -> int:
     try:
         # a command ending with typer.Exit(code) returns that code in non-standalone mode
         rc = app(args=argv, standalone_mode=False, prog_name="klrelease")
-    except MechanismFailed as exc:  # the mechanism's FAIL output (public stage and reason)
-        print(f"FAIL at stage {exc.stage}: {_one_line(exc.reason)}", file=sys.stderr)
-        return 3
-    except solvers.SolverFailed as exc:
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
-        return 1
-    except (BadInput, ValueError, OSError, solvers.SolverUnavailable) as exc:
-        if isinstance(exc, OSError):
-            where = f"{exc.filename}: " if exc.filename else ""
-            print(f"error: {where}{exc.strerror or exc.__class__.__name__}", file=sys.stderr)
-        elif isinstance(exc, BadInput):
+    except Exception as exc:
+        mechanism_failed = _loaded("klrelease.learners.result", "MechanismFailed")
+        solver_failed = _loaded("klrelease.solvers", "SolverFailed")
+        solver_unavailable = _loaded("klrelease.solvers", "SolverUnavailable")
+        if isinstance(exc, mechanism_failed):  # the FAIL output (public stage and reason)
+            print(f"FAIL at stage {exc.stage}: {_one_line(exc.reason)}", file=sys.stderr)
+            return 3
+        if isinstance(exc, solver_failed):
             print(f"error: {_one_line(exc)}", file=sys.stderr)
-        else:
-            print(f"error: {cli_message(exc)}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # the CLI framework's own usage errors
+            return 1
+        if isinstance(exc, (BadInput, ValueError, OSError, *solver_unavailable)):
+            if isinstance(exc, OSError):
+                where = f"{exc.filename}: " if exc.filename else ""
+                print(f"error: {where}{exc.strerror or exc.__class__.__name__}",
+                      file=sys.stderr)
+            elif isinstance(exc, BadInput):
+                print(f"error: {_one_line(exc)}", file=sys.stderr)
+            else:
+                print(f"error: {cli_message(exc)}", file=sys.stderr)
+            return 2
+        # the CLI framework's own usage errors
         kind = type(exc).__name__
         if isinstance(exc.__cause__, KeyboardInterrupt):  # Ctrl-C, as the framework reports it
             return 130  # reported once, by main

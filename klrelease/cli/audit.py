@@ -6,13 +6,12 @@ Exit status: 0 when no violation is found, 1 when one is, 2 on bad input (one ``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from .app import (
+    Command,
     Force,
     _fail,
     _load_input,
@@ -20,10 +19,14 @@ from .app import (
     app,
     check_output,
     err_console,
+    late_help,
     mechanism_inputs,
     option_help,
     out_console,
 )
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 __all__ = ["audit_command", "summary_table"]
 
@@ -34,6 +37,8 @@ def _fmt(x: float) -> str:
 
 def summary_table(report) -> Table:
     """A readable table of the worst pair: delta(eps) per component and direction."""
+    from rich.table import Table
+
     w = report.worst_pair
     title = f"worst pair: {w.description}" if w is not None else "no pair examined"
     table = Table(title=title)
@@ -52,7 +57,7 @@ def summary_table(report) -> Table:
     return table
 
 
-@app.command("audit")
+@app.command("audit", cls=Command)
 def audit_command(
     mechanism: Annotated[str, typer.Option(help="see 'klrelease mechanisms'")],
     epsilon: Annotated[float, typer.Option(help="claimed epsilon (> 0)")],
@@ -78,10 +83,18 @@ def audit_command(
     upper: Annotated[str | None, typer.Option(help="public upper bound(s), comma list")] = None,
     norm_bound: Annotated[float | None, typer.Option(help="public bound on ||x||_2")] = None,
     classes: Annotated[str | None, typer.Option(help="the public set of classes, a,b,c")] = None,
-    option: Annotated[list[str] | None, typer.Option(help=option_help())] = None,
+    option: Annotated[list[str] | None, typer.Option(help=late_help(option_help))] = None,
     force: Force = False,
 ):
     """Audit a mechanism's (epsilon, delta) claim on a dataset (exit 1 on a violation)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     from ..audit.runner import audit
     from ..data import check_privacy_parameters
     from ..mechanisms import get_mechanism

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from .app import BadInput, Force, _write_atomic, app, check_output, err_console, out_console
 
@@ -163,6 +162,8 @@ def list_learners(
 ):
     """List the learners for unlabelled data, or one learner's options with types and
     defaults."""
+    from rich.table import Table
+
     from ..learners import get_learner, learners
     from ..learners.result import describe_learner
 

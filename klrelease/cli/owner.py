@@ -13,16 +13,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from .app import _fail, app, err_console, out_console, parse_classes
+from .app import Group, _fail, app, err_console, out_console, parse_classes
 
 __all__ = ["service_app"]
 
 service_app = typer.Typer(help="The data owner's side of a release service (on its data "
-                          "directory).", no_args_is_help=True)
-dataset_app = typer.Typer(help="Register and list datasets.", no_args_is_help=True)
-token_app = typer.Typer(help="Create, list and revoke tokens.", no_args_is_help=True)
+                          "directory).", no_args_is_help=True, cls=Group)
+dataset_app = typer.Typer(help="Register and list datasets.", no_args_is_help=True, cls=Group)
+token_app = typer.Typer(help="Create, list and revoke tokens.", no_args_is_help=True, cls=Group)
 service_app.add_typer(dataset_app, name="dataset")
 service_app.add_typer(token_app, name="token")
 app.add_typer(service_app, name="service")
@@ -101,6 +100,8 @@ def dataset_add(
 @dataset_app.command("list")
 def dataset_list(data_dir: DataDir, database: Database = None):
     """The registered datasets with their budgets."""
+    from rich.table import Table
+
     ledger = _ledger(data_dir, database)
     table = Table(title="datasets")
     for col in ("name", "adjacency", "N", "d", "classes", "budget", "releases", "spent"):
@@ -140,6 +141,8 @@ def token_create(
 @token_app.command("list")
 def token_list(data_dir: DataDir, database: Database = None):
     """Every token's id, holder, role and datasets (never the token)."""
+    from rich.table import Table
+
     ledger = _ledger(data_dir, database)
     table = Table(title="tokens")
     for col in ("id", "name", "role", "datasets", "created", "revoked"):
@@ -162,6 +165,8 @@ def token_revoke(token_id: Annotated[int, typer.Argument(help="the token's id")]
 def releases(name: Annotated[str, typer.Argument(help="a dataset")], data_dir: DataDir,
              database: Database = None):
     """Every request charged on a dataset, with why a failed one failed (owner only)."""
+    from rich.table import Table
+
     ledger = _ledger(data_dir, database)
     ds = ledger.dataset(name)
     if ds is None:
@@ -185,6 +190,8 @@ def audit(data_dir: DataDir, dataset: Annotated[str | None, typer.Option(
         for r in rows:
             sys.stdout.write(json.dumps(r) + "\n")
         return
+    from rich.table import Table
+
     table = Table(title="audit log")
     for col in ("time", "action", "dataset", "who", "request_id", "mechanism", "epsilon",
                 "delta", "outcome"):

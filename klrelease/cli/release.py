@@ -8,13 +8,10 @@ import warnings
 from pathlib import Path
 from typing import Annotated
 
-import numpy as np
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from ..learners.result import MechanismFailed
 from .app import (
+    Command,
     Force,
     _fail,
     _load_input,
@@ -24,6 +21,7 @@ from .app import (
     cli_message,
     describe_output,
     err_console,
+    late_help,
     mechanism_inputs,
     option_help,
     out_console,
@@ -37,6 +35,8 @@ SAMPLE_CHUNK = 65536
 
 def warn_uncertified(caught, statement: str | None) -> None:
     """One visible ``warning:`` line per distinct privacy warning (and the statement)."""
+    from rich.markup import escape
+
     from ..warnings_ import PrivacyLeakWarning
 
     lines = []
@@ -50,7 +50,7 @@ def warn_uncertified(caught, statement: str | None) -> None:
                           highlight=False)
 
 
-@app.command()
+@app.command(cls=Command)
 def release(
     epsilon: Annotated[float, typer.Option(help="privacy parameter epsilon (> 0)")],
     delta: Annotated[float, typer.Option(help="privacy parameter delta, in (0, 1)")],
@@ -79,12 +79,13 @@ def release(
     lower: Annotated[str | None, typer.Option(help="public lower bound(s), comma list")] = None,
     upper: Annotated[str | None, typer.Option(help="public upper bound(s), comma list")] = None,
     norm_bound: Annotated[float | None, typer.Option(help="public bound on ||x||_2")] = None,
-    option: Annotated[list[str] | None, typer.Option(help=option_help())] = None,
+    option: Annotated[list[str] | None, typer.Option(help=late_help(option_help))] = None,
     force: Force = False,
 ):
     """Release a differentially private GMM of a labelled dataset."""
     from .. import release as do_release
     from ..data import check_privacy_parameters
+    from ..learners.result import MechanismFailed
     from ..mechanisms import get_mechanism
 
     eps, dlt = check_privacy_parameters(epsilon, delta)
@@ -156,41 +157,117 @@ def _dask_client(address: str | None):
             yield client
 
 
+#: ``sample``'s output formats, and the suffixes of --out that choose Parquet.
+SAMPLE_FORMATS = ("csv", "parquet")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
 @app.command()
 def sample(
     artifact: Annotated[Path, typer.Argument(
         help="a release artifact or a learner's (JSON)")],
     n: Annotated[int, typer.Option("-n", "--n", help="number of rows")] = 1000,
     out: Annotated[Path, typer.Option(
-        help="CSV file to write ('-': standard output)")] = Path("synthetic.csv"),
-    seed: Annotated[int | None, typer.Option(help="seed for the synthetic draw")] = None,
+        help="CSV or Parquet file to write ('-': standard output)")] = Path("synthetic.csv"),
+    seed: Annotated[int | None, typer.Option(
+        help="seed for the synthetic draw: reproducible, for experiments (default: the "
+             "operating system's CSPRNG)")] = None,
+    fmt: Annotated[str | None, typer.Option(
+        "--format", help="csv or parquet (default: parquet when --out ends in .parquet or "
+                         ".pq, else csv)")] = None,
     force: Force = False,
 ):
     """Draw synthetic labelled rows from a released GMM (post-processing: no privacy cost).
 
     Reads a release or a learner's artifact; the label of a learner's row is its component.
-    Rows are drawn and written in blocks, so memory does not grow with -n.
+    Rows are drawn and written in blocks, so memory does not grow with -n; a seed gives the
+    same rows whatever the block size.
     """
     from ..artifact import load_model
     from ..rng import make_rng
 
     if n < 1:
         _fail(f"-n must be >= 1, got {n}")
+    if fmt is None:
+        fmt = "parquet" if out.suffix.lower() in PARQUET_SUFFIXES else "csv"
+    elif fmt not in SAMPLE_FORMATS:
+        _fail(f"--format must be csv or parquet, got {fmt!r}")
     check_output(out, force, stdout=True)
     rel = load_model(artifact)
     rng = make_rng(seed).generator
     names = rel.feature_names or [f"x{i}" for i in range(rel.gmm.n_features)]
-    with atomic_output(out, force=force, stdout=True) as fh:
-        fh.write(",".join([*names, "label"]) + "\n")
-        left = n
-        while left > 0:
-            m = min(left, SAMPLE_CHUNK)
-            X, y = rel.gmm.sample(m, seed=rng)
-            body = np.char.mod("%.6g", X)
-            rows = [",".join([*row, str(lab)]) for row, lab in zip(body, y, strict=True)]
-            fh.write("\n".join(rows) + "\n")
-            left -= m
+    blocks = rel.gmm.sample_blocks(n, rng, block=SAMPLE_CHUNK)
+    with atomic_output(out, "wb", force=force, stdout=True) as fh:
+        write_rows(fh, blocks, names, rel.gmm.classes, fmt)
     err_console.print(f"wrote {n} rows to {describe_output(out)}", highlight=False)
+
+
+def write_rows(fh, blocks, names: list[str], classes, fmt: str) -> None:
+    """Write blocks ``(X, comp)`` of labelled rows to the binary file ``fh`` as CSV (a header
+    row ``names..., label``, then the rows; numbers as the shortest text that reads back as
+    the same double) or Parquet (a float64 column per feature, then ``label``: integers when
+    every class is an integer, else text; one row group per block).
+
+    pyarrow formats (CSV) or encodes (Parquet) each block in a second thread while the next
+    block is drawn, with at most two blocks in flight, so memory stays bounded by the block
+    size. (More threads do not help CSV: ``pyarrow.csv.write_csv`` holds the GIL.)
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    integer = fmt == "parquet" and all(
+        isinstance(c, int | np.integer) and not isinstance(c, bool | np.bool_) for c in classes)
+    text = [str(c) for c in classes]
+    labels = pa.array([int(c) for c in classes] if integer else text,
+                      type=pa.int64() if integer else pa.string())
+    schema = pa.schema([*(pa.field(name, pa.float64()) for name in names),
+                        pa.field("label", labels.type)])
+
+    def batch(X, comp):
+        return pa.record_batch([*np.ascontiguousarray(X.T), labels.take(comp)], schema=schema)
+
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with pq.ParquetWriter(fh, schema, use_dictionary=["label"]) as writer:
+            for _ in _in_order(blocks, lambda X, comp: writer.write_batch(batch(X, comp)), 1):
+                pass
+        return
+    import pyarrow.csv as pcsv
+
+    # labels as they are (as the header is), unless one holds a separator, a quote or a line
+    # break: then every label is quoted
+    plain = not any(ch in t for t in text for ch in ',"\r\n')
+    options = pcsv.WriteOptions(include_header=False,
+                                quoting_style="none" if plain else "needed")
+
+    def to_csv(X, comp):
+        buf = pa.BufferOutputStream()
+        pcsv.write_csv(batch(X, comp), buf, options)
+        return buf.getvalue()
+
+    fh.write((",".join([*names, "label"]) + "\n").encode())
+    for data in _in_order(blocks, to_csv, 1):
+        fh.write(data)
+
+
+def _in_order(blocks, work, threads: int):
+    """``work(*block)`` of every block, computed in ``threads`` threads and yielded in the
+    blocks' order; at most ``threads + 1`` blocks are in flight."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="klrelease-write")
+    pending: deque = deque()
+    try:
+        for block in blocks:
+            pending.append(pool.submit(work, *block))
+            if len(pending) > threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @app.command()
@@ -204,6 +281,9 @@ def inspect(
 ):
     """Show a readable summary of a release artifact, a learner's artifact or a FAIL document
     (validated; the claim is recomputed; with --verify --key, the signature checked first)."""
+    import numpy as np
+    from rich.table import Table
+
     from ..artifact import FailDocument, read_document
 
     public_key = None
@@ -286,6 +366,8 @@ def list_mechanisms(
     name: Annotated[str | None, typer.Argument(help="show this mechanism's options")] = None,
 ):
     """List the registered mechanisms, or one mechanism's options with types and defaults."""
+    from rich.table import Table
+
     from ..mechanisms import get_mechanism, mechanisms
     from ..mechanisms.base import describe_options
 

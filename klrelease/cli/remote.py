@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from .app import (
     Force,
+    Group,
     _fail,
     app,
     atomic_output,
@@ -25,7 +25,7 @@ from .app import (
 __all__ = ["remote_app"]
 
 remote_app = typer.Typer(help="Use a release service as an analyst (token from --token or "
-                         "KLRELEASE_TOKEN).", no_args_is_help=True)
+                         "KLRELEASE_TOKEN).", no_args_is_help=True, cls=Group)
 app.add_typer(remote_app, name="remote")
 
 Url = Annotated[str, typer.Option(envvar="KLRELEASE_URL", help="the service's address")]
@@ -72,6 +72,8 @@ def _frac(budget: dict) -> str:
 @remote_app.command("datasets")
 def datasets(url: Url = DEFAULT, token: Token = None):
     """The datasets your token may use, with their budgets."""
+    from rich.table import Table
+
     with _client(url, token) as c:
         rows = c.datasets()
     table = Table(title=f"datasets at {url}")
@@ -99,6 +101,8 @@ def releases(name: Annotated[str, typer.Argument(help="a dataset")], url: Url = 
              token: Token = None):
     """Every request charged on a dataset, newest first."""
     from datetime import UTC, datetime
+
+    from rich.table import Table
 
     with _client(url, token) as c:
         rows = c.releases(name)

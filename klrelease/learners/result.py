@@ -14,7 +14,7 @@ import numpy as np
 
 from .._version import SCHEMA_VERSION, __version__
 from ..gmm import GMM
-from ..mechanisms.base import Guarantee
+from ..privacy.guarantee import Guarantee
 from ..privacy.tape import plain
 from ..rng import make_rng
 

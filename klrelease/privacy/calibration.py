@@ -17,7 +17,6 @@ unit-covariance Gaussian tolerates.
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
 __all__ = [
@@ -45,6 +44,8 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     Solved by bracketing and Brent's method on log sigma over the exact condition; relative
     accuracy about 1e-12.
     """
+    from scipy.optimize import brentq
+
     if epsilon <= 0 or not 0 < delta < 1:
         raise ValueError("need epsilon > 0 and 0 < delta < 1")
     if sensitivity <= 0:

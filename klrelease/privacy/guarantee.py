@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dp_accounting
 import numpy as np
-from dp_accounting.pld import PLDAccountant
 
 from ..neighbours import Adjacency
 from .calibration import gaussian_delta
+
+if TYPE_CHECKING:  # loaded when a release is accounted (importing it takes about a second)
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
 
 __all__ = [
     "Guarantee",
@@ -56,6 +58,8 @@ class GaussianCurve:
         return gaussian_delta(1.0, float(epsilon), float(self.mu))
 
     def dp_event(self) -> dp_accounting.DpEvent:
+        import dp_accounting
+
         return dp_accounting.GaussianDpEvent(noise_multiplier=1.0 / float(self.mu))
 
 
@@ -74,6 +78,8 @@ class PureCurve:
                          "mechanism")
 
     def dp_event(self) -> dp_accounting.DpEvent:
+        import dp_accounting
+
         return self.event if self.event is not None else dp_accounting.UnsupportedDpEvent()
 
 
@@ -135,6 +141,8 @@ class Guarantee:
         An uncertified release is ``NonPrivateDpEvent``; a certified one without a known curve
         is ``UnsupportedDpEvent`` (compose it by its (epsilon, delta) instead).
         """
+        import dp_accounting
+
         if not self.certified:
             return dp_accounting.NonPrivateDpEvent()
         if self.curve is None:
@@ -160,6 +168,8 @@ def _pld_accountant(guarantees: list[Guarantee]) -> PLDAccountant:
     scaled so that the grid stays of bounded size; a coarser grid gives a pessimistic delta,
     so the accounting stays valid.
     """
+    from dp_accounting.pld import PLDAccountant
+
     spread = sum((g.curve.mu ** 2 if isinstance(g.curve, GaussianCurve) else g.epsilon)
                  for g in guarantees)
     return PLDAccountant(value_discretization_interval=1e-4 * max(1.0, spread))
@@ -169,6 +179,8 @@ def _response_losses(g: Guarantee) -> dict[float, float] | None:
     """The privacy-loss distribution of a randomized-response claim (under the first of two
     neighbours that differ in one label: loss +eps with probability p, -eps with q, 0
     otherwise), or ``None`` for any other curve."""
+    import dp_accounting
+
     event = getattr(g.curve, "event", None)
     if not isinstance(g.curve, PureCurve) or not isinstance(
             event, dp_accounting.RandomizedResponseDpEvent):
