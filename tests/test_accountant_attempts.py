@@ -22,7 +22,7 @@ def test_an_attempt_failing_before_noise_is_not_charged(monkeypatch, error):
         assert acc.spent  # charged before the mechanism runs
         raise error
 
-    monkeypatch.setattr(KLCertifiedPlan, "sample", fails_before_noise)
+    monkeypatch.setattr(KLCertifiedPlan, "draw", fails_before_noise)
     with pytest.raises(type(error)):
         kr.release(X, y, classes=[0, 1, 2], epsilon=1.0, delta=1e-5, accountant=acc)
     assert acc.spent == []
@@ -36,7 +36,7 @@ def test_an_attempt_failing_after_noise_stays_charged(monkeypatch):
         rng.standard_normal(3)
         raise ValueError("after noise")
 
-    monkeypatch.setattr(KLCertifiedPlan, "sample", fails_after_noise)
+    monkeypatch.setattr(KLCertifiedPlan, "draw", fails_after_noise)
     with pytest.raises(ValueError, match="after noise"):
         kr.release(X, y, classes=[0, 1, 2], epsilon=1.0, delta=1e-5, accountant=acc)
     assert len(acc.spent) == 1

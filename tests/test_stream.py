@@ -181,14 +181,19 @@ def _assert_same_release(a, b, rtol=1e-8):
         np.testing.assert_allclose(B, A, rtol=rtol, atol=rtol * np.max(np.abs(A)))
 
 
-@pytest.mark.parametrize("adjacency,extra,sample", [("label-flip", {}, None),
-                                                    ("label-flip", {}, 300),
-                                                    ("replace-one", {"norm_bound": 40.0}, None)])
-def test_streamed_release_equals_in_memory(adjacency, extra, sample, monkeypatch):
+@pytest.mark.parametrize("adjacency,extra,sample,stage", [
+    ("label-flip", {}, None, None), ("label-flip", {}, 300, None),
+    ("replace-one", {"norm_bound": 40.0}, None, None),
+    ("label-flip", {}, None, 1000), ("replace-one", {"norm_bound": 40.0}, None, 1000)])
+def test_streamed_release_equals_in_memory(adjacency, extra, sample, stage, monkeypatch):
     """Same seed, same release; with ``sample=300`` the stage-A radius comes from a sample of
-    300 of the 4000 rows, which the streamed pass must pick exactly as in memory."""
+    300 of the 4000 rows, which the streamed pass must pick exactly as in memory; with
+    ``stage=1000`` the early stages read a labelled sample of 1000 rows, the same rows in
+    memory and streamed."""
     if sample is not None:
         monkeypatch.setattr("klrelease.stream.sample.SAMPLE_ROWS", sample)
+    if stage is not None:
+        monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", stage)
     X, y = _data(n=4000, d=3, offset=20.0)
     kw = dict(epsilon=1.0, delta=1e-6, seed=11, classes=CLASSES, adjacency=adjacency, **extra)
     with warnings.catch_warnings():

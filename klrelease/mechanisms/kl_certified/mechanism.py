@@ -953,22 +953,37 @@ class KLCertified(Mechanism):
             N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
             budget = budget_for(N)
 
+            from ...stream.sample import sample_indices, sample_rows, stage_rows
+
+            # more rows than the early stages' sample: they read it (as a streamed release
+            # does, the same rows in the same order), scaled
+            S = stage_rows(d)
+            sampled = N > S
+            pick = sample_indices(N, S) if sampled else None
             stage_a = None
             if lf:
-                from ...stream.sample import sample_rows
-
                 sample = sample_rows(data.X)
                 public_rows = frame.to_frame(sample)
-                R = sample_radius(frame, sample, budget, N, K)
+                R = sample_radius(frame, sample, budget, S if sampled else N, K, public_rows)
                 total_scatter, total_sums = _frame_totals(data.X, frame, R)
                 stage_a = _CentredClip(np.zeros((K, d)), R)
             else:
-                R = located_radius(d, N, K, budget)
+                R = located_radius(d, S if sampled else N, K, budget)
                 total_scatter = total_sums = public_rows = None
             # grouped by class once; under label flip, stage A's sums on the way (before any
             # noise)
-            rows, sums = _grouped_rows(data.X, data.codes, K, frame, clip, stage_a)
+            rows, sums = _grouped_rows(data.X, data.codes, K, frame, clip,
+                                       None if sampled else stage_a)
             counts = np.diff(rows.bounds).astype(float)
+            if sampled:
+                early, sums = _grouped_rows(np.take(data.X, pick, axis=0), data.codes[pick], K,
+                                            frame, clip, stage_a)
+                scale = N / pick.shape[0]
+                extra["early_stages"] = (
+                    f"a sample of {pick.shape[0]} of the {N} rows, chosen by their index")
+                if lf:
+                    sums = scale * sums
+                    total_sums = sums.sum(axis=0)
         if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
             where = "the public bound"  # too few rows to locate at this budget
         pub = PublicInputs(
