@@ -622,3 +622,37 @@ def test_closed_form_precisions_are_the_pseudo_inverses(relation):
         np.testing.assert_allclose(A2, np.linalg.pinv(C2, hermitian=True), rtol=1e-9,
                                    atol=1e-12 * np.abs(A2).max())
 
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_sampled_label_flip_public_total_reads_no_label(streamed, monkeypatch):
+    """Label flip, more rows than the early stages' sample: the public total of the stage-A
+    sums is a function of the sampled features alone, bit for bit whatever the labels (the
+    sum of per-class sums would round by label), and the same rows in memory and streamed."""
+    from klrelease.stream import ArraySource
+
+    monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", 500)
+    rng = np.random.default_rng(11)
+    n = 4000
+    X = rng.normal(size=(n, 4)) * 3.0 + 1.0
+    y = rng.integers(0, 3, n)
+    kw = dict(epsilon=1.0, delta=1e-5, design="gaussian")
+
+    def plan(labels, streamed):
+        if streamed:
+            return kr.plan(ArraySource(X, labels, classes=[0, 1, 2], chunk_rows=333), None,
+                           **kw)
+        return kr.plan(X, labels, classes=[0, 1, 2], **kw)
+
+    p = plan(y, streamed)
+    assert p.public.sample_scale == n / 500
+    for trial in range(6):
+        y2 = y.copy()
+        y2[rng.integers(0, n, 200)] = rng.integers(0, 3, 200)
+        q = plan(y2, streamed)
+        assert np.array_equal(p.public.total_sums, q.public.total_sums)
+    np.testing.assert_allclose(p.public.total_sums, p.sums.sum(axis=0), rtol=1e-9,
+                               atol=1e-9 * n)
+    # the same rows in memory and streamed (the frames round apart: equal to rounding)
+    np.testing.assert_allclose(plan(y, not streamed).public.total_sums, p.public.total_sums,
+                               rtol=1e-9, atol=1e-9 * n)

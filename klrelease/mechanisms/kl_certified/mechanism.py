@@ -200,6 +200,17 @@ def _frame_totals(X: np.ndarray, frame: Frame, radius: float) -> tuple[np.ndarra
     return scatter, sums
 
 
+def _sample_total(X: np.ndarray, frame: Frame, radius: float) -> np.ndarray:
+    """Label flip: ``sum clip_R(t)`` over the frame rows ``t`` of the early stages' sample
+    ``X`` (priority order), in blocks of rows in that order: a function of the sampled
+    features alone, bit for bit whatever the labels (the sum of the per-class sums would
+    round by label, :func:`_frame_totals`)."""
+    total = np.zeros(frame.W.shape[1])
+    for a in range(0, X.shape[0], ROW_BLOCK):
+        total += column_sums(clip_to_norm(frame.to_frame(X[a:a + ROW_BLOCK]), radius))
+    return total
+
+
 def _grouped_rows(X: np.ndarray, codes: np.ndarray, n_classes: int, frame: Frame, clip=None,
                   stage_a=None) -> tuple[_MemoryRows, np.ndarray | None]:
     """The rows in the frame (clipped into the bound by ``clip``), grouped by class, built
@@ -503,7 +514,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
             early, sums = _early_rows(frame, clip, got[3], K, _CentredClip(np.zeros((K, d)), R))
             counts, c = got[2], N / got[3][1].shape[0]
             sums = c * sums
-            total = sums.sum(axis=0)
+            total = c * _sample_total(got[3][0], frame, R)
         return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
                     N=N, R=R, total_scatter=total_scatter, sums=sums, counts=counts,
                     total_sums=total, where=where, window=window, public_rows=public_rows)
@@ -976,14 +987,15 @@ class KLCertified(Mechanism):
                                        None if sampled else stage_a)
             counts = np.diff(rows.bounds).astype(float)
             if sampled:
-                early, sums = _grouped_rows(np.take(data.X, pick, axis=0), data.codes[pick], K,
-                                            frame, clip, stage_a)
+                X_early = np.take(data.X, pick, axis=0)
+                early, sums = _grouped_rows(X_early, data.codes[pick], K, frame, clip, stage_a)
                 scale = N / pick.shape[0]
                 extra["early_stages"] = (
                     f"a sample of {pick.shape[0]} of the {N} rows, chosen by their index")
                 if lf:
                     sums = scale * sums
-                    total_sums = sums.sum(axis=0)
+                    total_sums = scale * _sample_total(X_early, frame, R)
+                del X_early
         if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
             where = "the public bound"  # too few rows to locate at this budget
         pub = PublicInputs(
