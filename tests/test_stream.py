@@ -147,6 +147,35 @@ def test_row_sample_is_the_same_however_the_rows_are_read(n, size, n_cuts, seed)
         np.testing.assert_array_equal(np.sort(want, axis=0), np.sort(X, axis=0))
 
 
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 600), size=st.integers(1, 60), n_cuts=st.integers(0, 40),
+       seed=st.integers(0, 10_000))
+def test_labelled_row_sample_is_the_same_for_any_merge_tree(n, size, n_cuts, seed):
+    """Partial samples merged in any tree and either order (as Dask merges them), some
+    trimmed first, empty parts included: the same rows and class codes as in memory."""
+    from klrelease.stream.sample import sample_indices
+
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    codes = rng.integers(0, 4, n)
+    cuts = np.concatenate([[0, n], rng.integers(0, n + 1, n_cuts)])
+    cuts.sort()  # repeated cuts: empty parts
+    parts = [RowSample.of(X[a:b], int(a), size, codes[a:b])
+             for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    while len(parts) > 1:
+        i = int(rng.integers(0, len(parts) - 1))
+        a, b = parts[i], parts[i + 1]
+        if rng.random() < 0.5:
+            a, b = b, a
+        if rng.random() < 0.3:
+            a.trim()
+        parts[i:i + 2] = [a.merge(b)]
+    got_X, got_codes = parts[0].labelled()
+    idx = sample_indices(n, size)
+    np.testing.assert_array_equal(got_X, X[idx])
+    np.testing.assert_array_equal(got_codes, codes[idx])
+
+
 def test_row_sample_ignores_values_units_and_repeats():
     """The sample is a set of row indices: repeated values are sampled in proportion, and
     changing the units of a feature keeps the same rows (so the stage-A radius is
