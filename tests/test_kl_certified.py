@@ -646,7 +646,7 @@ def test_sampled_label_flip_public_total_reads_no_label(streamed, monkeypatch):
 
     p = plan(y, streamed)
     assert p.public.sample_scale == n / 500
-    for trial in range(6):
+    for _trial in range(6):
         y2 = y.copy()
         y2[rng.integers(0, n, 200)] = rng.integers(0, 3, 200)
         q = plan(y2, streamed)
