@@ -774,6 +774,13 @@ def _centre_precisions(pub: PublicInputs, n: np.ndarray, m: np.ndarray,
     return A
 
 
+def _sampling_cov(c: float, n: np.ndarray, cov: np.ndarray) -> np.ndarray:
+    """The covariance of a class mean taken over the early stages' sample, about ``n / c``
+    rows of a class of covariance ``cov`` (released or public estimates): what a stage on the
+    sample adds to its noise, so that a later stage on every row gets the weight it should."""
+    return (c / np.maximum(n, 1.0))[:, None, None] * cov
+
+
 def _pooled(pub: PublicInputs, output: dict, n, means, means_cov, m1,
             cover: bool = False) -> np.ndarray:
     if pub.label_flip:
@@ -809,10 +816,14 @@ def _first_round(pub: PublicInputs, output: dict, first: dict):
     n, reg, noise = first["n"], first["regions"], first["noise"]
     S1, S2, corr = _corrected(pub, reg, first["resp"], output, "")
     m2, C2 = _region_means(reg, noise, n, S1, d, corr)
-    means, Cm = precision_combine(
-        first["m1"], first["C1"], m2, C2,
-        _centre_precisions(pub, n, first["m1"], first["C1"]),
-        _region_precisions(reg, noise, n, d, corr))
+    C1, A1 = first["C1"], _centre_precisions(pub, n, first["m1"], first["C1"])
+    A2 = _region_precisions(reg, noise, n, d, corr)
+    c = pub.sample_scale
+    if c > 1:  # stage A read the sample: its centres carry the sample's own error too
+        C1, A1 = C1 + _sampling_cov(c, n, first["pooled"][None]), None
+        if first["scale"] > 1:  # and so did this round
+            C2, A2 = C2 + _sampling_cov(c, n, first["pooled"][None]), None
+    means, Cm = precision_combine(first["m1"], C1, m2, C2, A1, A2)
     P = _pooled(pub, output, n, means, Cm, first["m1"])
     shapes = public_shapes(pub, responsibilities(pub, n, means, P), means, P)
     # the public class shape is the target of a class whose second moments were released;
@@ -853,6 +864,8 @@ def round_two_design(pub: PublicInputs, output: dict, first: dict | None = None)
     first = stage_c_design(pub, output) if first is None else first
     n = first["n"]
     means, Cm, P, covs = _first_round(pub, output, first)
+    if first["scale"] > 1:  # the first round read the sample: its means keep its error
+        Cm = Cm + _sampling_cov(first["scale"], n, covs)
     d = pub.n_features
     energy = covariance_energy(first["noise"], n, d)
     energy = np.where(np.isfinite(energy), energy, pub.settings["prior_divergence"] * d)

@@ -11,7 +11,9 @@ the interval the rows occupy and their spread there:
    it with probability ``false_rate`` over all ``d * bins`` bins), widened by one bin;
 2. the same inside that interval (rows clipped into it), at its finer resolution; the located
    frame is centred on the median and scaled by the standard deviation of the thresholded
-   histogram, and rows are clipped to the occupied span of this round (widened by one bin).
+   histogram. Rows are clipped to the bound's window only, not to the occupied span: the
+   span of thresholded noisy counts misses the thin tails, and clipping them would bias every
+   later stage (the later stages' radii bound each row's influence anyway).
 
 Replacing one record moves one unit of count between two bins of every feature's histogram:
 the squared change is at most ``2 d``, so with noise ``sqrt(2 d) / s`` per bin each round is a
@@ -142,7 +144,8 @@ def located_from(noisy: np.ndarray, window: Window, threshold: float,
 
     Counts below the threshold are set to zero (an empty bin's noise), the rest give a
     distribution per feature: centre its median, scale its standard deviation (at least a
-    quarter bin), and the clip box the occupied span (:func:`occupied`).
+    quarter bin), and the clip box the occupied span (:func:`occupied`), which
+    :func:`located_frame` replaces with the bound's window (:func:`in_bound`).
     """
     d, bins = noisy.shape
     w = window.width(bins)
@@ -190,19 +193,20 @@ def second_window(pub, output: dict) -> Window:
 
 
 def located_frame(pub, output: dict) -> Located:
-    """The located frame from both rounds (post-processing); the bound's own frame, scaled to
-    a standard deviation of a quarter of its width, when the stage was skipped."""
+    """The located frame from both rounds (post-processing), clipping to the bound's window;
+    the bound's own frame, scaled to a standard deviation of a quarter of its width, when the
+    stage was skipped."""
     if "locate_2" not in output:
         return _quartered(first_window(pub))
     b = bins_of(pub, False)
-    return located_from(np.asarray(output["locate_2"], dtype=float), second_window(pub, output),
-                        _threshold(pub, b), pub.n_samples)
+    return in_bound(pub, located_from(np.asarray(output["locate_2"], dtype=float),
+                                      second_window(pub, output), _threshold(pub, b),
+                                      pub.n_samples))
 
 
 def in_bound(pub, located: Located) -> Located:
-    """The located frame with the bound's own box instead of the occupied span: for a release
-    whose locating rounds read a public subset of the rows (the span of a subset's noisy
-    histograms misses the tails that the whole data shows to later stages)."""
+    """The located frame with the bound's own box instead of the occupied span (the span of
+    thresholded noisy histograms misses the tails; on a sample of the rows, more so)."""
     w = first_window(pub)
     return Located(located.centre, located.scale, (w.lo - located.centre) / located.scale,
                    (w.hi - located.centre) / located.scale)

@@ -69,7 +69,6 @@ from .locate import (
     can_locate,
     first_window,
     histograms,
-    in_bound,
     located_frame,
     second_window,
 )
@@ -567,9 +566,7 @@ class KLCertifiedPlan(Plan):
         pub = self.public
         if pub.label_flip:
             return pub
-        located = located_frame(pub, output)
-        # located on a subset: no row is clipped to the subset's span (its tails are thin)
-        return pub.locate(located if pub.sample_scale == 1.0 else in_bound(pub, located))
+        return pub.locate(located_frame(pub, output))
 
     def _map(self, pub: PublicInputs, fn):
         """A per-class map of the stored rows (public frame) in the working frame."""
