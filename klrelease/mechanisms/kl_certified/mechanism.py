@@ -451,13 +451,16 @@ def choose_design(epsilon: float, delta: float, n_samples: int, n_classes: int,
 def release_budget(epsilon: float, delta: float, relation: Adjacency, n_samples: int,
                    d: int) -> Budget:
     """The budget split of a release (public inputs only). Under replace-one the locating
-    stage gets its share only when ``N`` rows can be located at this budget
-    (:func:`.locate.can_locate`); otherwise the bound's frame is used as it is."""
+    stage gets its share only when the rows it reads (``N``, or the early stages' sample of
+    :func:`~klrelease.stream.sample.stage_rows` rows when there are more) can be located at
+    this budget (:func:`.locate.can_locate`); otherwise the bound's frame is used as it is."""
+    from ...stream.sample import stage_rows
+
     shares = SETTINGS[relation.value]
     if relation == Adjacency.LABEL_FLIP:
         return Budget.split(epsilon, delta, shares)
     budget = Budget.split(epsilon, delta, {**shares, "locate": SETTINGS["locate_share"]})
-    if can_locate(n_samples, d, locate_sd(budget, d)):
+    if can_locate(min(n_samples, stage_rows(d)), d, locate_sd(budget, d)):
         return budget
     return Budget.split(epsilon, delta, shares)
 
