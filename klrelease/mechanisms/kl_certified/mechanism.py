@@ -186,28 +186,23 @@ def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, n
     return frame, clip, certified, where, _bound_window(domain)
 
 
-def _frame_totals(X: np.ndarray, frame: Frame, radius: float) -> tuple[np.ndarray, np.ndarray]:
-    """Label flip: the public totals ``sum t t^T`` and ``sum clip_R(t)`` of the frame rows
-    ``t``, in blocks of rows in their own order: bit for bit the same function of the features
-    whatever the labels (rows grouped by class would round by label)."""
+def _frame_totals(X: np.ndarray, frame: Frame, radius: float | None,
+                  scatter: bool = True) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Label flip: the public totals ``sum t t^T`` (``scatter``) and ``sum clip_R(t)`` (a
+    ``radius``) of the frame rows ``t``, in blocks of rows in their own order: bit for bit the
+    same function of the features whatever the labels (rows grouped by class, or the sum of
+    per-class sums, would round by label). Used on every row and on the early stages' sample.
+    """
     d = X.shape[1]
-    scatter, sums = np.zeros((d, d)), np.zeros(d)
+    S = np.zeros((d, d)) if scatter else None
+    sums = np.zeros(d) if radius is not None else None
     for a in range(0, X.shape[0], ROW_BLOCK):
         T = frame.to_frame(X[a:a + ROW_BLOCK])
-        scatter += T.T @ T
-        sums += column_sums(clip_to_norm(T, radius))
-    return scatter, sums
-
-
-def _sample_total(X: np.ndarray, frame: Frame, radius: float) -> np.ndarray:
-    """Label flip: ``sum clip_R(t)`` over the frame rows ``t`` of the early stages' sample
-    ``X`` (priority order), in blocks of rows in that order: a function of the sampled
-    features alone, bit for bit whatever the labels (the sum of the per-class sums would
-    round by label, :func:`_frame_totals`)."""
-    total = np.zeros(frame.W.shape[1])
-    for a in range(0, X.shape[0], ROW_BLOCK):
-        total += column_sums(clip_to_norm(frame.to_frame(X[a:a + ROW_BLOCK]), radius))
-    return total
+        if scatter:
+            S += T.T @ T
+        if radius is not None:
+            sums += column_sums(clip_to_norm(T, radius))
+    return S, sums
 
 
 def _grouped_rows(X: np.ndarray, codes: np.ndarray, n_classes: int, frame: Frame, clip=None,
@@ -516,7 +511,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
             early, sums = _early_rows(frame, clip, got[3], K, _CentredClip(np.zeros((K, d)), R))
             counts, c = got[2], N / got[3][1].shape[0]
             sums = c * sums
-            total = c * _sample_total(got[3][0], frame, R)
+            total = c * _frame_totals(got[3][0], frame, R, scatter=False)[1]
         return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
                     N=N, R=R, total_scatter=total_scatter, sums=sums, counts=counts,
                     total_sums=total, where=where, window=window, public_rows=public_rows)
@@ -976,7 +971,9 @@ class KLCertified(Mechanism):
                 sample = sample_rows(data.X)
                 public_rows = frame.to_frame(sample)
                 R = sample_radius(frame, sample, budget, S if sampled else N, K, public_rows)
-                total_scatter, total_sums = _frame_totals(data.X, frame, R)
+                # the clipped total of every row only when no sample stands in
+                total_scatter, total_sums = _frame_totals(data.X, frame,
+                                                          None if sampled else R)
                 stage_a = _CentredClip(np.zeros((K, d)), R)
             else:
                 R = located_radius(d, S if sampled else N, K, budget)
@@ -994,7 +991,7 @@ class KLCertified(Mechanism):
                     f"a sample of {pick.shape[0]} of the {N} rows, chosen by their index")
                 if lf:
                     sums = scale * sums
-                    total_sums = scale * _sample_total(X_early, frame, R)
+                    total_sums = scale * _frame_totals(X_early, frame, R, scatter=False)[1]
                 del X_early
         if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
             where = "the public bound"  # too few rows to locate at this budget
