@@ -461,6 +461,32 @@ def responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     return R / R.sum(axis=1, keepdims=True)
 
 
+def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
+                           covs: np.ndarray, fallback: np.ndarray | None) -> np.ndarray | None:
+    """Label flip: each public row's posterior over the classes under the released model with
+    each class's own released covariance (frame units): the posterior that gives a class the
+    rows of its own shape when the shapes differ (the pooled one of :func:`responsibilities`
+    hands far rows of one class to another at any budget). ``fallback`` where a covariance
+    has no Cholesky factor. Post-processing of released values and public features."""
+    T = pub.public_rows
+    if T is None or T.shape[0] == 0:
+        return None
+    lw = np.log(np.maximum(n / n.sum(), 1e-300))
+    L = np.empty((T.shape[0], len(n)))
+    try:
+        for k in range(len(n)):
+            ch = np.linalg.cholesky(0.5 * (covs[k] + covs[k].T))
+            z = np.linalg.solve(ch, (T - means[k]).T)
+            L[:, k] = lw[k] - np.log(np.diag(ch)).sum() - 0.5 * np.einsum("ij,ij->j", z, z)
+    except np.linalg.LinAlgError:
+        return fallback
+    if not np.all(np.isfinite(L)):
+        return fallback
+    L -= L.max(axis=1, keepdims=True)
+    R = np.exp(L)
+    return R / R.sum(axis=1, keepdims=True)
+
+
 def public_shapes(pub: PublicInputs, resp: np.ndarray | None, means: np.ndarray,
                   pooled: np.ndarray) -> np.ndarray | None:
     """Label flip: each class's shape, the posterior-weighted scatter of the public rows about
@@ -895,7 +921,10 @@ def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
     else:
         second = round_two_design(pub, output, first) if second is None else second
         n, reg, noise = second["n"], second["regions"], second["noise"]
-        S1, S2, corr = _corrected(pub, reg, first["resp"], output, "_2")
+        # the last round's tail corrections weight the public rows by the posterior with the
+        # first round's class covariances (the pooled one's error does not fall with the noise)
+        resp = class_responsibilities(pub, n, second["means"], second["covs"], first["resp"])
+        S1, S2, corr = _corrected(pub, reg, resp, output, "_2")
         m3, C3 = _region_means(reg, noise, n, S1, d, corr)
         means, _ = precision_combine(second["means"], second["means_cov"], m3, C3,
                                      A2=_region_precisions(reg, noise, n, d, corr))
