@@ -680,3 +680,27 @@ def test_label_flip_converges_when_class_shapes_differ_and_overlap():
                 X, y, classes=list(range(K)), epsilon=eps, delta=1e-5, seed=s,
                 design="gaussian").gmm) for s in range(2)]))
     assert kls[1] <= kls[0] + 1e-9 and kls[1] < 0.1, kls
+
+
+def test_replace_one_converges_on_correlated_real_data():
+    """Wine (d = 13, 178 rows, correlated features), replace-one with a box 1.5 times the
+    range. Stage B's pooled covariance, lowered by its noise, collapses in the directions the
+    noise hides; first-round regions of that shape clipped every row, and E[KL] stayed about
+    12 from eps = 20 to 100 (3.6 at eps = 300). The first of two rounds now shapes its regions
+    by the pooled covariance unlowered, and the classes' pooled estimate of each round is a
+    shrinkage target: E[KL] 1.1 at eps = 100 and 0.15 at eps = 300."""
+    from sklearn.datasets import load_wine
+
+    b = load_wine()
+    X, y = b.data.astype(float), b.target
+    lo, hi = X.min(0), X.max(0)
+    c, h = (lo + hi) / 2, (hi - lo) * 0.75
+    data = kr.as_labelled_data(X, y, classes=[0, 1, 2], min_class_size=0, bounds=(c - h, c + h))
+    fit = kr.fit_gmm(X, y)
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1, 2))
+    kl = []
+    for eps in (20.0, 100.0, 300.0):
+        p = kr.plan(data, None, epsilon=eps, delta=1e-5, adjacency="replace-one")
+        kl.append(kr.expected_kl(p, ref, n_draws=8, seed=3).mean)
+    assert kl[0] >= kl[1] >= kl[2], kl
+    assert kl[1] < 4.0 and kl[2] < 0.5, kl

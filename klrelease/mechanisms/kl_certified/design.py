@@ -78,8 +78,9 @@ SETTINGS = {
     "pooled_floor": 1e-3,  # pooled eigenvalues >= this x the largest one, at most, and at
     #                        most their noise scale
     "round_share": 0.35,  # stage C in two rounds: the first round's share of s_C^2
-    "rounds_threshold": 0.1,  # ... when the first alone gives covariances this precise
+    "rounds_threshold": 0.3,  # ... when the first alone gives covariances this precise
     "round_cover": 0.1,  # second-round regions at least this x the pooled covariance
+    "cover_floor": 0.1,  # first of two rounds: region eigenvalues >= this x their noise scale
     # response design: this x the James-Stein shrinkage (randomized response's noise is a few
     # far rows, not Gaussian: full shrinkage would bias the many draws with little noise)
     "response_shrink": 0.5,
@@ -389,7 +390,7 @@ def centres(pub: PublicInputs, counts: np.ndarray, sums: np.ndarray):
 def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
                       means_cov: np.ndarray, scatter: np.ndarray | None = None,
                       scatter_centres: np.ndarray | None = None,
-                      cover: bool = False) -> np.ndarray:
+                      cover: bool | str = False):
     """The pooled within-class covariance (frame units) from public and released values.
 
     Label flip: ``(T - sum_k n_k (m_k m_k^T - C_k)) / (N - K)`` with ``T`` the public total
@@ -398,8 +399,9 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     centres, corrected for the distance between those centres and ``means``.
     Eigenvalues are lowered by their noise scale (the KL divergence punishes an overestimated
     variance more than an underestimated one) and floored relative to the largest. With
-    ``cover=True`` (the shape of a clipping region, which must cover the class) they are
-    raised by it instead.
+    ``cover=True`` (the shape of a clipping region, which must cover the class) they are not
+    lowered, and floored at ``cover_floor`` times that noise scale instead; ``cover="both"``
+    returns both (one decomposition).
     """
     N, K = pub.n_samples, pub.n_classes
     dof = max(N - K, 1)
@@ -421,9 +423,12 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     # a floor relative to the largest eigenvalue, falling with the noise of the estimate
     floor = min(pub.settings["pooled_floor"] * scale, max(err, 1e-12 * scale))
     margin = pub.settings["eigen_margin"] * err
-    if cover:
-        return eig_map(w, V, lambda w: np.maximum(w, max(floor, margin)))
-    return eig_map(w, V, lambda w: np.maximum(w - margin, floor))
+    lowered = eig_map(w, V, lambda w: np.maximum(w - margin, floor))
+    if not cover:
+        return lowered
+    low = max(floor, pub.settings["cover_floor"] * err)
+    covering = eig_map(w, V, lambda w: np.maximum(w, low))
+    return (lowered, covering) if cover == "both" else covering
 
 
 # ------------------------------------------------------------------- stage C: class regions
@@ -724,7 +729,7 @@ def round_shares(pub: PublicInputs, n: np.ndarray) -> tuple[float, ...]:
 
 def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: np.ndarray,
                      scatter: np.ndarray, target: np.ndarray, k: int,
-                     corrected: bool = False) -> np.ndarray:
+                     corrected: bool = False, alt=None) -> np.ndarray:
     """Class ``k``'s covariance in its region's coordinates from one round's released sums
     and second moments (post-processing): corrected for the clip's public factor, shrunk
     toward ``target`` by the known noise energy (James-Stein), eigenvalues floored at a level
@@ -735,6 +740,7 @@ def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: 
     tmin = float(np.linalg.eigvalsh(T)[0])
     floor = s["class_floor"] * (tmin if np.isfinite(tmin) and tmin > 0 else 1.0)
     if not np.isfinite(noise.cov_sd[k]):
+        T = T if alt is None else alt[0]
         return eig_apply(T, lambda w, f=floor: np.maximum(w, f))
     g = 1.0 if corrected else clip_factors(noise.radius[k], d)[1]
     dof = max(n[k] - 1.0, 1.0)
@@ -744,12 +750,67 @@ def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: 
     sd = noise.cov_sd[k] / (dof * g)
     nu = sd**2 * d * (d + 1) / 2
     dist = float(np.sum((C - T) ** 2))
+    if alt is not None:  # the closer target, beyond its own noise
+        d_alt = float(np.sum((C - alt[0]) ** 2))
+        if np.isfinite(d_alt) and d_alt - alt[1] < dist:
+            T, dist = alt[0], d_alt
     a = min(1.0, nu / dist) if dist > 0 and np.isfinite(dist) else 1.0
     C = (1 - a) * C + a * T
     # the floor falls with the noise (the spectral scale of the released noise)
     floor = min(floor, s["noise_floor"] * sd * np.sqrt(2.0 * d))
     floor = max(floor, 1e-12 * max(float(np.abs(np.diag(T)).max()), 1e-300))
     return eig_apply(C, lambda w, f=floor: np.maximum(w, f))
+
+
+def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.ndarray,
+                      sums: np.ndarray, scatter: np.ndarray, targets: np.ndarray,
+                      corrected: bool = False) -> np.ndarray:
+    """Every class's covariance (frame units) from one round (post-processing).
+
+    Each class is :func:`class_covariance` in its region's coordinates. Under replace-one
+    (where the targets are the rough pooled covariance of stage B, not public class shapes)
+    with one more candidate target: the classes' pooled estimate from this round (the released classes'
+    corrected second moments averaged with weights ``n_k - 1``, mapped into the class's
+    region), itself shrunk toward the class's ``targets`` by its known noise energy. A class
+    shrinks toward whichever target is closer to its own estimate beyond that target's noise,
+    and a class whose second moments were not released takes the pooled one. Where the noise of
+    one class's second moments is large the pooled estimate, with about ``1 / K`` of its noise,
+    keeps the classes' covariances alike (a release whose classes differ only by noise
+    classifies poorly); as the noise falls each class keeps its own."""
+    K, d = pub.n_classes, pub.n_features
+    local = reg.W @ targets @ reg.W  # the targets in each class's region
+    released = np.isfinite(noise.cov_sd)
+    g = np.ones(K) if corrected else clip_factors(noise.radius, d)[1]
+    dof = np.maximum(n - 1.0, 1.0)
+    sd = np.where(released, noise.cov_sd, 0.0) / (dof * g)
+    pooled = None
+    if np.count_nonzero(released) >= 2 and not pub.label_flip:
+        w = np.where(released, dof, 0.0)
+        w = w / w.sum()
+        F = np.zeros((d, d))
+        for k in np.flatnonzero(released):
+            u = sums[k] / n[k]
+            C = (scatter[k] - n[k] * np.outer(u, u)) / (dof[k] * g[k])
+            F += w[k] * (reg.W_inv[k] @ C @ reg.W_inv[k])
+        pooled = (F, w)
+    out = np.empty((K, d, d))
+    for k in range(K):
+        T = local[k]
+        alt = None
+        if pooled is not None:
+            F, w = pooled
+            Q = reg.W[k] @ F @ reg.W[k]
+            W2 = reg.W[k] @ reg.W[k]
+            nu_q = 0.0
+            for j in np.flatnonzero(w > 0):
+                B = reg.shape[j] @ W2  # A = W_k M_j W_k: tr A = tr B, tr A^2 = tr B^2
+                nu_q += w[j] ** 2 * sd[j] ** 2 / 2 * (np.trace(B) ** 2 + np.sum(B * B.T))
+            dist = float(np.sum((Q - T) ** 2))
+            a0 = min(1.0, nu_q / dist) if dist > 0 and np.isfinite(dist) else 1.0
+            alt = ((1 - a0) * Q + a0 * T, (1 - a0) ** 2 * nu_q)
+        out[k] = reg.W_inv[k] @ class_covariance(pub, noise, n, sums, scatter, T, k, corrected,
+                                                 alt) @ reg.W_inv[k]
+    return out
 
 
 # ------------------------------------------------------------------------- post-processing
@@ -808,7 +869,7 @@ def _sampling_cov(c: float, n: np.ndarray, cov: np.ndarray) -> np.ndarray:
 
 
 def _pooled(pub: PublicInputs, output: dict, n, means, means_cov, m1,
-            cover: bool = False) -> np.ndarray:
+            cover: bool | str = False):
     if pub.label_flip:
         return pooled_covariance(pub, n, means, means_cov, cover=cover)
     return pooled_covariance(pub, n, means, means_cov,
@@ -819,8 +880,8 @@ def stage_c_design(pub: PublicInputs, output: dict) -> dict:
     """Recompute the design of stage C's first round from the released values of stages A and
     B (and whether a second round follows)."""
     n, m1, C1 = centres(pub, output["counts"], output["sums"])
-    P = _pooled(pub, output, n, m1, C1, m1, cover=False)
     shares = round_shares(pub, n)
+    P, covering = _pooled(pub, output, n, m1, C1, m1, cover="both")
     # the first of two rounds reads the public subset (statistics and noise scaled by c):
     # designed for the counts it holds, about n / c; a single round reads every row
     c = pub.sample_scale if len(shares) > 1 else 1.0
@@ -828,8 +889,11 @@ def stage_c_design(pub: PublicInputs, output: dict) -> dict:
     if c != 1.0:
         noise = noise.scaled(c)
     # first-round regions are shaped by the pooled covariance (the public class shapes, from
-    # the rough stage-A model, cost more than they save here); they serve as shrinkage targets
-    reg = regions(pub, m1, C1, P, noise.radius)
+    # the rough stage-A model, cost more than they save here), lowered by its noise as a
+    # shrinkage target. The first of two rounds only shapes the second's regions: its regions
+    # must cover the class, so their pooled shape is not lowered (a lowered one clips most rows
+    # where the noise hides the smaller eigenvalues, and biases the second round's shapes)
+    reg = regions(pub, m1, C1, covering if len(shares) > 1 else P, noise.radius)
     resp = responsibilities(pub, n, m1, P)
     return {"n": n, "m1": m1, "C1": C1, "pooled": P, "regions": reg, "noise": noise,
             "shares": shares, "resp": resp, "scale": c}
@@ -856,9 +920,8 @@ def _first_round(pub: PublicInputs, output: dict, first: dict):
     # one that was not keeps the pooled covariance (robust when the released means are rough)
     if shapes is not None:
         shapes = np.where(np.isfinite(noise.cov_sd)[:, None, None], shapes, P[None])
-    target = reg.W @ (P[None] if shapes is None else shapes) @ reg.W
-    covs = np.stack([reg.W_inv[k] @ class_covariance(pub, noise, n, S1, S2, target[k], k, corr)
-                     @ reg.W_inv[k] for k in range(K)])
+    targets = np.broadcast_to(P if shapes is None else shapes, (K, d, d))
+    covs = class_covariances(pub, reg, noise, n, S1, S2, targets, corr)
     return means, Cm, P, covs
 
 
@@ -928,10 +991,7 @@ def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
         m3, C3 = _region_means(reg, noise, n, S1, d, corr)
         means, _ = precision_combine(second["means"], second["means_cov"], m3, C3,
                                      A2=_region_precisions(reg, noise, n, d, corr))
-        target = reg.W @ second["covs"] @ reg.W
-        covs = np.stack([reg.W_inv[k] @ class_covariance(pub, noise, n, S1, S2, target[k], k,
-                                                         corr)
-                         @ reg.W_inv[k] for k in range(K)])
+        covs = class_covariances(pub, reg, noise, n, S1, S2, second["covs"], corr)
     weights = released_weights(output["counts"], N, K)
     fr = pub.frame
     raw_means = fr.mean_to_raw(means)
