@@ -769,9 +769,10 @@ def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.
 
     Each class is :func:`class_covariance` in its region's coordinates. Under replace-one
     (where the targets are the rough pooled covariance of stage B, not public class shapes)
-    with one more candidate target: the classes' pooled estimate from this round (the released classes'
-    corrected second moments averaged with weights ``n_k - 1``, mapped into the class's
-    region), itself shrunk toward the class's ``targets`` by its known noise energy. A class
+    with one more candidate target: the classes' pooled estimate from this round (the
+    released classes' corrected second moments averaged with weights ``n_k - 1``, mapped into
+    the class's region), itself shrunk toward the class's ``targets`` by its known noise
+    energy. A class
     shrinks toward whichever target is closer to its own estimate beyond that target's noise,
     and a class whose second moments were not released takes the pooled one. Where the noise of
     one class's second moments is large the pooled estimate, with about ``1 / K`` of its noise,
