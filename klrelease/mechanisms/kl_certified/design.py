@@ -15,15 +15,18 @@ B. under replace-one only, the pooled scatter of the rows about those released c
    (under label flip the total scatter of the features is public and takes its place);
 C. per class, the sums and second moments of the rows in a *class region*: an ellipsoid
    centred on the released centre and shaped by the released pooled covariance plus the
-   centre's known noise, radius ``r`` (:func:`regions`), with the class's budget split between
-   means and covariances by a KL surrogate (:func:`class_noise`).
+   centre's known noise (not lowered by its noise when a second round follows, which re-shapes
+   every region on the class's own first-round covariance), radius ``r`` (:func:`regions`),
+   with the class's budget split between means and covariances by a KL surrogate
+   (:func:`class_noise`).
 
 :func:`estimate` forms the released GMM: precision-weighted means of stages A and C, each class
-covariance shrunk toward the pooled covariance by the known noise level, eigenvalues adjusted
-for the asymmetry of the KL divergence (an overestimated variance costs linearly, an
-underestimated one logarithmically). All floors are relative to released or public scales, and
-every function here is total: it returns finite values for every finite input, so a release
-never fails after noise has been drawn.
+covariance shrunk toward a target by the known noise level (the pooled or public class shape;
+under replace-one also the classes' pooled estimate of the round, :func:`class_covariances`),
+eigenvalues adjusted for the asymmetry of the KL divergence (an overestimated variance costs
+linearly, an underestimated one logarithmically). All floors are relative to released or
+public scales, and every function here is total: it returns finite values for every finite
+input, so a release never fails after noise has been drawn.
 """
 
 from __future__ import annotations
@@ -733,7 +736,10 @@ def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: 
     """Class ``k``'s covariance in its region's coordinates from one round's released sums
     and second moments (post-processing): corrected for the clip's public factor, shrunk
     toward ``target`` by the known noise energy (James-Stein), eigenvalues floored at a level
-    that falls with the noise. ``target`` alone when the second moments were not released."""
+    that falls with the noise. ``target`` alone when the second moments were not released.
+    ``alt``: ``(matrix, noise energy)`` of a second candidate target, used instead where it is
+    closer to the class's estimate beyond its own noise (and, when the second moments were not
+    released, always)."""
     d = pub.n_features
     s = pub.settings
     T = target
@@ -760,6 +766,11 @@ def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: 
     floor = min(floor, s["noise_floor"] * sd * np.sqrt(2.0 * d))
     floor = max(floor, 1e-12 * max(float(np.abs(np.diag(T)).max()), 1e-300))
     return eig_apply(C, lambda w, f=floor: np.maximum(w, f))
+
+
+#: above this many features the pooled target's noise energy uses a bound, not a d x d product
+#: per pair of classes (:func:`class_covariances`)
+EXACT_ENERGY_D = 256
 
 
 def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.ndarray,
@@ -804,8 +815,17 @@ def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.
             W2 = reg.W[k] @ reg.W[k]
             nu_q = 0.0
             for j in np.flatnonzero(w > 0):
-                B = reg.shape[j] @ W2  # A = W_k M_j W_k: tr A = tr B, tr A^2 = tr B^2
-                nu_q += w[j] ** 2 * sd[j] ** 2 / 2 * (np.trace(B) ** 2 + np.sum(B * B.T))
+                # class j's noise in class k's region: (sigma_j^2 / 2) ((tr A)^2 + tr A^2)
+                # with A = W_k M_j W_k, so tr A = <M_j, W_k^2>; above EXACT_ENERGY_D features
+                # tr A^2 (a d x d product per pair of classes) is taken as (tr A)^2 / d, its
+                # least value (the energy then at least half the exact one)
+                tr = float(np.vdot(reg.shape[j], W2))
+                if d <= EXACT_ENERGY_D:
+                    B = reg.shape[j] @ W2
+                    tr2 = float(np.sum(B * B.T))
+                else:
+                    tr2 = tr**2 / d
+                nu_q += w[j] ** 2 * sd[j] ** 2 / 2 * (tr**2 + tr2)
             dist = float(np.sum((Q - T) ** 2))
             a0 = min(1.0, nu_q / dist) if dist > 0 and np.isfinite(dist) else 1.0
             alt = ((1 - a0) * Q + a0 * T, (1 - a0) ** 2 * nu_q)
