@@ -8,6 +8,7 @@ from conftest import synthetic_gmm_data
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
+from scipy.linalg import sqrtm as sp_sqrtm
 
 import klrelease as kr
 from klrelease.mechanisms.kl_certified import design
@@ -704,3 +705,35 @@ def test_replace_one_converges_on_correlated_real_data():
         kl.append(kr.expected_kl(p, ref, n_draws=8, seed=3).mean)
     assert kl[0] >= kl[1] >= kl[2], kl
     assert kl[1] < 4.0 and kl[2] < 0.5, kl
+
+
+@pytest.mark.parametrize("d", [1, 3, 6])
+def test_the_pooled_class_targets_noise_energy_matches_its_monte_carlo(d):
+    """The noise energy of the classes' pooled second moments, seen in one class's region
+    (``pooled_energy``), equals a Monte Carlo estimate of it: the James-Stein shrinkage of the
+    pooled target is only as good as this number."""
+    from klrelease.mechanisms.kl_certified.design import (
+        Regions,
+        pooled_energy,
+        symmetric_gaussian,
+    )
+
+    rng = np.random.default_rng(d)
+    K = 3
+    shapes = []
+    for _ in range(K):
+        A = rng.normal(size=(d, d))
+        shapes.append(A @ A.T + 0.5 * np.eye(d))
+    shape = np.stack(shapes)
+    W_inv = np.stack([np.real(sp_sqrtm(m)) for m in shape])
+    W = np.linalg.inv(W_inv)
+    reg = Regions(np.zeros((K, d)), W, W_inv, shape, np.zeros(K, bool), np.ones(K))
+    w, sd = np.array([0.5, 0.3, 0.2]), np.array([1.0, 2.0, 0.5])
+    draws = 40_000
+    total = np.zeros((draws, d, d))
+    for j in range(K):
+        E = symmetric_gaussian(rng, np.full(draws, sd[j]), d)
+        total += w[j] * (W_inv[j] @ E @ W_inv[j])
+    k = 1
+    mc = float(np.mean(np.sum((W[k] @ total @ W[k]) ** 2, axis=(1, 2))))
+    assert pooled_energy(reg, w, sd, k) == pytest.approx(mc, rel=0.03)

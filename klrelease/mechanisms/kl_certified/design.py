@@ -773,6 +773,27 @@ def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: 
 EXACT_ENERGY_D = 256
 
 
+def pooled_energy(reg: Regions, w: np.ndarray, sd: np.ndarray, k: int) -> float:
+    """Expected ``||E||_F^2`` of the noise of ``sum_j w_j W_inv_j E_j W_inv_j`` (each ``E_j``
+    :func:`symmetric_gaussian` of scale ``sd_j``) seen in class ``k``'s region:
+    ``sum_j w_j^2 (sd_j^2 / 2) ((tr A_j)^2 + tr A_j^2)`` with ``A_j = W_k M_j W_k``, so
+    ``tr A_j = <M_j, W_k^2>``. Above ``EXACT_ENERGY_D`` features ``tr A_j^2`` (a d x d product
+    per pair of classes) is taken as ``(tr A_j)^2 / d``, its least value: the energy is then
+    at least half the exact one."""
+    d = reg.W.shape[-1]
+    W2 = reg.W[k] @ reg.W[k]
+    nu = 0.0
+    for j in np.flatnonzero(w > 0):
+        tr = float(np.vdot(reg.shape[j], W2))
+        if d <= EXACT_ENERGY_D:
+            B = reg.shape[j] @ W2
+            tr2 = float(np.sum(B * B.T))
+        else:
+            tr2 = tr**2 / d
+        nu += w[j] ** 2 * sd[j] ** 2 / 2 * (tr**2 + tr2)
+    return nu
+
+
 def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.ndarray,
                       sums: np.ndarray, scatter: np.ndarray, targets: np.ndarray,
                       corrected: bool = False) -> np.ndarray:
@@ -812,20 +833,7 @@ def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.
         if pooled is not None:
             F, w = pooled
             Q = reg.W[k] @ F @ reg.W[k]
-            W2 = reg.W[k] @ reg.W[k]
-            nu_q = 0.0
-            for j in np.flatnonzero(w > 0):
-                # class j's noise in class k's region: (sigma_j^2 / 2) ((tr A)^2 + tr A^2)
-                # with A = W_k M_j W_k, so tr A = <M_j, W_k^2>; above EXACT_ENERGY_D features
-                # tr A^2 (a d x d product per pair of classes) is taken as (tr A)^2 / d, its
-                # least value (the energy then at least half the exact one)
-                tr = float(np.vdot(reg.shape[j], W2))
-                if d <= EXACT_ENERGY_D:
-                    B = reg.shape[j] @ W2
-                    tr2 = float(np.sum(B * B.T))
-                else:
-                    tr2 = tr**2 / d
-                nu_q += w[j] ** 2 * sd[j] ** 2 / 2 * (tr**2 + tr2)
+            nu_q = pooled_energy(reg, w, sd, k)
             dist = float(np.sum((Q - T) ** 2))
             a0 = min(1.0, nu_q / dist) if dist > 0 and np.isfinite(dist) else 1.0
             alt = ((1 - a0) * Q + a0 * T, (1 - a0) ** 2 * nu_q)
