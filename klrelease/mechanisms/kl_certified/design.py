@@ -730,6 +730,14 @@ def round_shares(pub: PublicInputs, n: np.ndarray) -> tuple[float, ...]:
     return (total,)
 
 
+def _centred_moments(sums: np.ndarray, scatter: np.ndarray, n: np.ndarray, k: int,
+                     divisor: float) -> np.ndarray:
+    """Class ``k``'s released second moments about its released mean, divided by ``divisor``
+    (its degrees of freedom times the clip's public factor)."""
+    u = sums[k] / n[k]
+    return (scatter[k] - n[k] * np.outer(u, u)) / divisor
+
+
 def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: np.ndarray,
                      scatter: np.ndarray, target: np.ndarray, k: int,
                      corrected: bool = False, alt=None) -> np.ndarray:
@@ -750,9 +758,7 @@ def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: 
         return eig_apply(T, lambda w, f=floor: np.maximum(w, f))
     g = 1.0 if corrected else clip_factors(noise.radius[k], d)[1]
     dof = max(n[k] - 1.0, 1.0)
-    u = sums[k] / n[k]
-    # second moments about the class mean, corrected for the clip's public factor
-    C = (scatter[k] - n[k] * np.outer(u, u)) / (dof * g)
+    C = _centred_moments(sums, scatter, n, k, dof * g)
     sd = noise.cov_sd[k] / (dof * g)
     nu = sd**2 * d * (d + 1) / 2
     dist = float(np.sum((C - T) ** 2))
@@ -822,8 +828,7 @@ def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.
         w = w / w.sum()
         F = np.zeros((d, d))
         for k in np.flatnonzero(released):
-            u = sums[k] / n[k]
-            C = (scatter[k] - n[k] * np.outer(u, u)) / (dof[k] * g[k])
+            C = _centred_moments(sums, scatter, n, k, dof[k] * g[k])
             F += w[k] * (reg.W_inv[k] @ C @ reg.W_inv[k])
         pooled = (F, w)
     out = np.empty((K, d, d))
