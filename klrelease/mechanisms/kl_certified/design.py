@@ -1055,8 +1055,9 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
     shrunk toward the public class shape (the public rows weighted by their posterior under the
     debiased model; the pooled covariance where that is degenerate) by the ratio of its known
     noise energy to its distance from the target (James-Stein), and its eigenvalues are floored
-    at a level that falls with that noise. As epsilon grows the noise, the shrinkage and the
-    floor vanish: the release becomes the non-private fit.
+    at a tenth of the target's variance in each direction, or the noise's spectral scale if
+    that is smaller: a level that falls with that noise. As epsilon grows the noise, the
+    shrinkage and the floor vanish: the release becomes the non-private fit.
     """
     from ...privacy.response import debiased_moments
 
@@ -1090,10 +1091,13 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
         a = min(1.0, js * nu[k] / dist) if dist > 0 and np.isfinite(dist) else js
         Ck = (1 - a) * C[k] + a * T
         # eigenvalues floored, direction by direction, at a fraction of the target's variance
-        # there (the public shape: the scale a class plausibly has in that direction)
+        # there (the public shape: the scale a class plausibly has in that direction), at most
+        # the noise's spectral scale, so that the floor vanishes with the noise
         vals, vecs = np.linalg.eigh(0.5 * (Ck + Ck.T))
         prior = np.einsum("ji,ji->i", vecs, T @ vecs)
-        floor = np.maximum(s["class_floor"] * prior,
+        spectral = (s["noise_floor"] * np.sqrt(max(nu[k], 0.0) / free) * np.sqrt(2.0 * d)
+                    if np.isfinite(nu[k]) else np.inf)
+        floor = np.maximum(np.minimum(s["class_floor"] * prior, spectral),
                            1e-12 * max(float(np.abs(np.diag(T)).max()), 1e-300))
         covs[k] = (vecs * np.maximum(vals, floor)) @ vecs.T
     raw = frame.cov_to_raw(covs)
