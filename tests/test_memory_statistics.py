@@ -152,9 +152,23 @@ def test_histograms_and_clips_equal_numpy():
 
 def test_public_moments_match_numpy():
     X, _, _ = _awkward(7)
-    centre, C = _public_moments(X)
+    centre, C, M2 = _public_moments(X)
     np.testing.assert_allclose(centre, X.mean(axis=0), rtol=RTOL)
     np.testing.assert_allclose(C, np.cov(X, rowvar=False), rtol=1e-10)
+    np.testing.assert_allclose(M2, (X.shape[0] - 1) * np.cov(X, rowvar=False), rtol=1e-10)
+
+
+def test_frame_scatter_is_the_scatter_of_the_frame_rows():
+    """Label flip's total scatter ``W^T M2 W`` equals ``sum t t^T`` over the rows in the
+    whitening frame (whose centre is the features' mean)."""
+    from klrelease.mechanisms.kl_certified.mechanism import frame_scatter, whitening_frame
+
+    X, _, _ = _awkward(9)
+    centre, C, M2 = _public_moments(X)
+    frame = whitening_frame(centre, C)
+    T = frame.to_frame(X)
+    np.testing.assert_allclose(frame_scatter(frame, M2), T.T @ T, rtol=1e-9,
+                               atol=1e-9 * X.shape[0])
 
 
 @pytest.mark.parametrize("radius", [0.0, 0.8, 2.0, np.inf])
@@ -177,3 +191,46 @@ def test_tail_corrections_match_reference(radius):
         np.testing.assert_allclose(E1[k], np.sum(w * (U - V), axis=0), rtol=1e-10, atol=1e-9)
         np.testing.assert_allclose(E2[k], (U * w).T @ U - (V * w).T @ V, rtol=1e-10,
                                    atol=1e-8)
+
+
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 1000, 4097])
+def test_column_extremes(n):
+    from klrelease.rows import column_extremes
+
+    X = np.random.default_rng(n).standard_t(2, size=(n, D)) * 10.0 ** np.arange(D)
+    lo, hi = column_extremes(X)
+    if n:
+        np.testing.assert_array_equal(lo, X.min(axis=0))
+        np.testing.assert_array_equal(hi, X.max(axis=0))
+    else:
+        assert np.all(lo == np.inf) and np.all(hi == -np.inf)
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+def test_gathered_rows_match_grouped_rows(bounded):
+    """Every row of a sampled in-memory release is gathered by class as it is read: the same
+    stage-C statistics and histograms as the rows grouped in the frame once (the region clip
+    fused with the whitening frame under label flip: equal to rounding)."""
+    from klrelease.domain import Domain
+    from klrelease.mechanisms.kl_certified.mechanism import (
+        _GatheredRows,
+        _grouped_rows,
+        bound_frame,
+        whitening_frame,
+    )
+
+    X, y, _ = _awkward(11)
+    if bounded:
+        frame, clip = bound_frame(Domain("box", D, np.full(D, 995.0), np.full(D, 1020.0)))
+    else:
+        frame, clip = whitening_frame(*_public_moments(X)[:2]), None
+    grouped = _grouped_rows(X, y, K, frame, clip)[0]
+    gathered = _GatheredRows(X, y, K, frame, clip)
+    rng = np.random.default_rng(3)
+    fn = _RegionClip(rng.normal(size=(K, D)) * 0.2,
+                     np.stack([np.diag(rng.uniform(0.5, 2.0, D)) for _ in range(K)]),
+                     np.full(K, 1.5))
+    for a, b in zip(grouped.stats(fn, D), gathered.stats(fn, D), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-10 * X.shape[0])
+    win = Window(np.full(D, -1.0), np.full(D, 1.0))
+    np.testing.assert_array_equal(gathered.histograms(win, 8), grouped.histograms(win, 8))

@@ -135,11 +135,14 @@ def bounded_class_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
 @_quiet
 def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
                            fn: Callable[[np.ndarray, int], np.ndarray], second: bool = True,
-                           block: int = ROW_BLOCK) -> tuple[np.ndarray, np.ndarray | None]:
+                           block: int = ROW_BLOCK, order: np.ndarray | None = None
+                           ) -> tuple[np.ndarray, np.ndarray | None]:
     """Per class ``k``: the sum (K, d') and (``second``) the raw second moment ``sum u u^T``
     (K, d', d') of ``u = fn(x, k)`` over the rows ``x`` of class ``k``, i.e.
     ``sorted_rows[bounds[k]:bounds[k+1]]`` (rows grouped by class once,
-    :func:`klrelease.rows.class_blocks`, and reused by every map).
+    :func:`klrelease.rows.class_blocks`, and reused by every map). With ``order`` (the
+    grouping permutation of ``class_blocks``), ``sorted_rows`` are the rows in their own order
+    and each block is gathered as it is reduced (no grouped copy of the rows).
 
     ``fn`` is a per-row map, applied to sub-blocks of ``block`` rows so that its output is
     reduced (one matrix-vector and one matrix product) while it is in cache. Without
@@ -149,8 +152,10 @@ def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
     sums = second_m = None
     for k in range(K):
         for a in range(int(bounds[k]), int(bounds[k + 1]), block):
-            U = np.asarray(fn(sorted_rows[a:min(a + block, int(bounds[k + 1]))], k),
-                           dtype=np.float64)
+            b = min(a + block, int(bounds[k + 1]))
+            x = (sorted_rows[a:b] if order is None
+                 else np.take(sorted_rows, order[a:b], axis=0))
+            U = np.asarray(fn(x, k), dtype=np.float64)
             if sums is None:
                 sums = np.zeros((K, U.shape[1]))
                 second_m = np.zeros((K, U.shape[1], U.shape[1])) if second else None

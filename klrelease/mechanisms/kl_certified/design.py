@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from scipy.linalg import solve_triangular
 from scipy.special import gammaln
 from scipy.stats import chi2
 
@@ -450,6 +451,12 @@ class Regions:
     radius: np.ndarray  # (K,) clipping radius in the region's coordinates
 
 
+#: Public rows whose posterior for a class is at most this add nothing to its shape or tail
+#: correction (their share of either is below this fraction of one row's: far rows of other
+#: classes, which would otherwise cost as much arithmetic as the class's own).
+NEGLIGIBLE_POSTERIOR = 1e-12
+
+
 def responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
                      pooled: np.ndarray) -> np.ndarray | None:
     """Label flip: each public row's posterior over the classes under the released model
@@ -484,7 +491,7 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     try:
         for k in range(len(n)):
             ch = np.linalg.cholesky(0.5 * (covs[k] + covs[k].T))
-            z = np.linalg.solve(ch, (T - means[k]).T)
+            z = solve_triangular(ch, (T - means[k]).T, lower=True, check_finite=False)
             L[:, k] = lw[k] - np.log(np.diag(ch)).sum() - 0.5 * np.einsum("ij,ij->j", z, z)
     except np.linalg.LinAlgError:
         return fallback
@@ -507,7 +514,7 @@ def public_shapes(pub: PublicInputs, resp: np.ndarray | None, means: np.ndarray,
     w = resp.sum(axis=0)
     out = np.empty((K, d, d))
     for k in range(K):
-        on = np.flatnonzero(resp[:, k] != 0)  # a row of posterior 0 adds nothing
+        on = np.flatnonzero(resp[:, k] > NEGLIGIBLE_POSTERIOR)
         S = np.zeros((d, d))
         for a in range(0, on.size, ROW_BLOCK):  # in blocks of rows: bounded memory
             b = on[a:a + ROW_BLOCK]
@@ -529,15 +536,21 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     scale = pub.n_samples / T.shape[0]
     E1, E2 = np.zeros((K, d)), np.zeros((K, d, d))
     for k in range(K):
-        on = np.flatnonzero(resp[:, k] != 0)  # a row of posterior 0 adds nothing
+        on = np.flatnonzero(resp[:, k] > NEGLIGIBLE_POSTERIOR)
+        every = on.size == T.shape[0]
+        # rows well inside the ball are their own clip: only the others are clipped (a
+        # superset of the rows that move)
+        inside = (reg.radius[k] * (1.0 - 1e-9)) ** 2
         for a in range(0, on.size, ROW_BLOCK):  # in blocks of rows: bounded memory
             b = on[a:a + ROW_BLOCK]
-            U = (T[b] - reg.centres[k]) @ reg.W[k]
+            U = ((T[a:a + ROW_BLOCK] if every else T[b]) - reg.centres[k]) @ reg.W[k]
+            near = np.flatnonzero(np.einsum("ij,ij->i", U, U) > inside)
+            U = U[near]
             V = clip_to_norm(U, reg.radius[k])
             # a row inside the ball is its own clip: only the clipped rows contribute
             out = np.flatnonzero(np.any(U != V, axis=1))
             U, V = U[out], V[out]
-            w = resp[b[out], k:k + 1] * scale
+            w = resp[b[near[out]], k:k + 1] * scale
             E1[k] += np.sum(w * (U - V), axis=0)
             # u u^T - v v^T = (1 - ||v||^2 / ||u||^2) u u^T (v is u scaled): one Gram
             shrink = 1.0 - np.einsum("ij,ij->i", V, V) / np.einsum("ij,ij->i", U, U)

@@ -38,7 +38,15 @@ from ...gmm import GMM, check_gmm
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...privacy.response import debiased_moments
-from ...rows import ROW_BLOCK, affine_rows, class_blocks, clip_to_bounds, clip_to_norm, column_sums
+from ...rows import (
+    ROW_BLOCK,
+    affine_rows,
+    class_blocks,
+    clip_to_bounds,
+    clip_to_norm,
+    column_extremes,
+    column_sums,
+)
 from ...stream.moments import pooled_moments, sorted_bounded_moments
 from ...warnings_ import warn_privacy
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan, last_resort
@@ -159,21 +167,23 @@ def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool
     ``B`` to radius ``sqrt(d)``) and rows are clipped into it; ``bounds_from_data=True`` reads
     the box from the data instead, which voids the guarantee (warned).
     """
-    frame, clip, certified, where, window = _frame_of(data, relation, bounds_from_data,
-                                                      norm_bound)
+    frame, clip, certified, where, window, _ = _frame_of(data, relation, bounds_from_data,
+                                                         norm_bound)
     T = frame.to_frame(data.X)
     return frame, T if clip is None else clip(T), certified, where, window
 
 
 def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, norm_bound):
-    """:func:`public_frame` without the rows: ``(frame, clip, certified, where, window)``,
-    ``clip`` the map clipping frame rows into the bound (``None`` under label flip)."""
+    """:func:`public_frame` without the rows: ``(frame, clip, certified, where, window,
+    scatter)``, ``clip`` the map clipping frame rows into the bound and ``scatter`` the public
+    scatter of the rows in the frame (``sum t t^T``; label flip), ``None`` where not used."""
     X = data.X
     d = data.n_features
     if relation == Adjacency.LABEL_FLIP:
-        centre, C = _public_moments(X)
+        centre, C, M2 = _public_moments(X)
         frame = whitening_frame(centre, C)
-        return frame, None, True, "the public features (whitened)", None
+        return (frame, None, True, "the public features (whitened)", None,
+                frame_scatter(frame, M2))
     domain = _public_bound(data.domain, norm_bound, bounds_from_data, d)
     certified, where = True, "the public bound"
     if domain is None:
@@ -183,26 +193,24 @@ def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, n
         domain = Domain("box", d, lo, lo + span, source="features")
         certified, where = False, "the private data (bounds_from_data=True)"
     frame, clip = bound_frame(domain)
-    return frame, clip, certified, where, _bound_window(domain)
+    return frame, clip, certified, where, _bound_window(domain), None
 
 
-def _frame_totals(X: np.ndarray, frame: Frame, radius: float | None,
-                  scatter: bool = True) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Label flip: the public totals ``sum t t^T`` (``scatter``) and ``sum clip_R(t)`` (a
-    ``radius``) of the frame rows ``t``, in blocks of rows in their own order: bit for bit the
-    same function of the features whatever the labels (rows grouped by class, or the sum of
-    per-class sums, would round by label). Used on every row and on the early stages' sample.
-    """
-    d = X.shape[1]
-    S = np.zeros((d, d)) if scatter else None
-    sums = np.zeros(d) if radius is not None else None
+def frame_scatter(frame: Frame, scatter: np.ndarray) -> np.ndarray:
+    """Label flip: the public scatter ``sum t t^T`` of the rows in the whitening frame, from
+    the features' centred scatter (the frame's centre is their mean): ``W^T M2 W``."""
+    return frame.W.T @ scatter @ frame.W
+
+
+def _frame_sums(X: np.ndarray, frame: Frame, radius: float) -> np.ndarray:
+    """Label flip: the public total ``sum clip_R(t)`` of the frame rows ``t``, in blocks of
+    rows in their own order: bit for bit the same function of the features whatever the
+    labels (rows grouped by class, or the sum of per-class sums, would round by label). Used
+    on every row and on the early stages' sample."""
+    sums = np.zeros(X.shape[1])
     for a in range(0, X.shape[0], ROW_BLOCK):
-        T = frame.to_frame(X[a:a + ROW_BLOCK])
-        if scatter:
-            S += T.T @ T
-        if radius is not None:
-            sums += column_sums(clip_to_norm(T, radius))
-    return S, sums
+        sums += column_sums(clip_to_norm(frame.to_frame(X[a:a + ROW_BLOCK]), radius))
+    return sums
 
 
 def _grouped_rows(X: np.ndarray, codes: np.ndarray, n_classes: int, frame: Frame, clip=None,
@@ -225,20 +233,20 @@ def _grouped_rows(X: np.ndarray, codes: np.ndarray, n_classes: int, frame: Frame
     return _MemoryRows(rows, bounds), sums
 
 
-def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Label flip: the mean and covariance of the public features, their scales checked
-    first (:func:`check_scales`) so that neither overflows."""
+def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Label flip: the mean, covariance and centred scatter of the public features, their
+    scales checked first (:func:`check_scales`) so that none overflows."""
     N, d = X.shape
     with np.errstate(all="ignore"):
         # max |x| per feature without a temporary array of |X|
-        check_scales(np.maximum(X.max(axis=0), -X.min(axis=0)) if N else np.zeros(d),
-                     "the features' magnitudes")
+        lo, hi = column_extremes(X) if N else (np.zeros(d), np.zeros(d))
+        check_scales(np.maximum(hi, -lo), "the features' magnitudes")
         # the moments a streamed source computes (pooled_moments), in one pass
         m = pooled_moments(X)
         centre = m.means[0]
         C = m.scatters[0] / (N - 1) if N > 1 else np.zeros((d, d))
     check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)), "the features' standard deviations")
-    return centre, C
+    return centre, C, m.scatters[0]
 
 
 def _public_bound(domain, norm_bound, bounds_from_data, d):
@@ -312,16 +320,43 @@ class _StreamRows:
         self.source, self.frame, self.clip = source, frame, clip
 
     def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        if isinstance(fn, _RegionClip) and self.clip is None:
-            f = self.frame
-            fn = _FusedRegionClip(f.centre + fn.centres @ f.W_inv, f.W @ fn.W, fn.radii)
-        else:
-            fn = _InFrame(fn, self.frame, self.clip)
-        return self.source.bounded_moments(fn)[1:]
+        return self.source.bounded_moments(_raw_map(fn, self.frame, self.clip))[1:]
 
     def histograms(self, window, bins: int) -> np.ndarray:
         return self.source.scan(_ChunkHistograms(self.frame, self.clip, window, bins),
                                 _add, None)
+
+
+class _GatheredRows:
+    """Every row of an in-memory release whose early stages read a sample (only the last
+    stage-C round reads every row): the raw rows grouped by class by an index, gathered,
+    mapped into the frame and reduced block by block as a streamed chunk is (no copy of the
+    rows in the frame)."""
+
+    def __init__(self, X: np.ndarray, codes: np.ndarray, n_classes: int, frame: Frame,
+                 clip=None):
+        self.X, self.frame, self.clip = X, frame, clip
+        self.order, self.bounds = class_blocks(codes, n_classes)
+
+    def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+        return sorted_bounded_moments(self.X, self.bounds, _raw_map(fn, self.frame, self.clip),
+                                      second, order=self.order)
+
+    def histograms(self, window, bins: int) -> np.ndarray:
+        out = np.zeros((window.lo.shape[0], bins))
+        count = _ChunkHistograms(self.frame, self.clip, window, bins)
+        for a in range(0, self.X.shape[0], _MemoryRows.HIST_BLOCK):
+            out += count(self.X[a:a + _MemoryRows.HIST_BLOCK], None)
+        return out
+
+
+def _raw_map(fn, frame: Frame, clip):
+    """A per-class map of frame rows as a map of raw rows: stage C's region clip fused with
+    the frame into one product where no bound's clip comes between them."""
+    if isinstance(fn, _RegionClip) and clip is None:
+        return _FusedRegionClip(frame.centre + fn.centres @ frame.W_inv, frame.W @ fn.W,
+                                fn.radii)
+    return _InFrame(fn, frame, clip)
 
 
 @dataclass(frozen=True)
@@ -503,7 +538,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
         sampled = N > S
         public_rows = frame.to_frame(sample)
         R = sample_radius(frame, sample, budget_of(N), S if sampled else N, K, public_rows)
-        total_scatter = frame.W.T @ M2 @ frame.W
+        total_scatter = frame_scatter(frame, M2)
         early, c = None, 1.0
         if not sampled:
             counts, sums, total = source.sums(_FrameClip(frame, clip, R))
@@ -511,7 +546,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
             early, sums = _early_rows(frame, clip, got[3], K, _CentredClip(np.zeros((K, d)), R))
             counts, c = got[2], N / got[3][1].shape[0]
             sums = c * sums
-            total = c * _frame_totals(got[3][0], frame, R, scatter=False)[1]
+            total = c * _frame_sums(got[3][0], frame, R)
         return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
                     N=N, R=R, total_scatter=total_scatter, sums=sums, counts=counts,
                     total_sums=total, where=where, window=window, public_rows=public_rows)
@@ -607,7 +642,7 @@ class KLCertifiedPlan(Plan):
         try:
             return stage(*args)
         except _source_errors():
-            if isinstance(self.rows, _MemoryRows):
+            if isinstance(self.rows, _MemoryRows | _GatheredRows):
                 raise
             return None
 
@@ -815,7 +850,7 @@ class KLCertified(Mechanism):
             rows = frame.to_frame(sample)
         else:
             N = data.n_samples
-            frame = whitening_frame(*_public_moments(data.X))
+            frame = whitening_frame(*_public_moments(data.X)[:2])
             # every row in the frame once; the row sample is its rows of the sampled indices
             T = frame.to_frame(data.X)
             rows = T[sample_indices(N)]
@@ -954,36 +989,38 @@ class KLCertified(Mechanism):
                 extra["early_stages"] = (
                     f"a sample of {round(N / scale)} of the {N} rows, chosen by their index")
         else:
-            frame, clip, bound_ok, where, window = _frame_of(
+            frame, clip, bound_ok, where, window, total_scatter = _frame_of(
                 data, relation, bool(options["bounds_from_data"]), options["norm_bound"])
             N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
             budget = budget_for(N)
 
-            from ...stream.sample import sample_indices, sample_rows, stage_rows
+            from ...stream.sample import SAMPLE_ROWS, sample_indices, stage_rows
 
             # more rows than the early stages' sample: they read it (as a streamed release
             # does, the same rows in the same order), scaled
             S = stage_rows(d)
             sampled = N > S
-            pick = sample_indices(N, S) if sampled else None
+            # the indices of lowest priority, in order: both samples are prefixes of them
+            lead = sample_indices(N, max(S, SAMPLE_ROWS)) if lf or sampled else None
+            pick = lead[:S] if sampled else None
             stage_a = None
             if lf:
-                sample = sample_rows(data.X)
+                sample = np.take(data.X, lead[:SAMPLE_ROWS], axis=0)
                 public_rows = frame.to_frame(sample)
                 R = sample_radius(frame, sample, budget, S if sampled else N, K, public_rows)
                 # the clipped total of every row only when no sample stands in
-                total_scatter, total_sums = _frame_totals(data.X, frame,
-                                                          None if sampled else R)
+                total_sums = None if sampled else _frame_sums(data.X, frame, R)
                 stage_a = _CentredClip(np.zeros((K, d)), R)
             else:
                 R = located_radius(d, S if sampled else N, K, budget)
-                total_scatter = total_sums = public_rows = None
-            # grouped by class once; under label flip, stage A's sums on the way (before any
-            # noise)
-            rows, sums = _grouped_rows(data.X, data.codes, K, frame, clip,
-                                       None if sampled else stage_a)
-            counts = np.diff(rows.bounds).astype(float)
-            if sampled:
+                total_sums = public_rows = None
+            if not sampled:
+                # grouped by class once; under label flip, stage A's sums on the way (before
+                # any noise)
+                rows, sums = _grouped_rows(data.X, data.codes, K, frame, clip, stage_a)
+            else:
+                # only the last stage-C round reads every row: gathered as it reads them
+                rows = _GatheredRows(data.X, data.codes, K, frame, clip)
                 X_early = np.take(data.X, pick, axis=0)
                 early, sums = _grouped_rows(X_early, data.codes[pick], K, frame, clip, stage_a)
                 scale = N / pick.shape[0]
@@ -991,8 +1028,9 @@ class KLCertified(Mechanism):
                     f"a sample of {pick.shape[0]} of the {N} rows, chosen by their index")
                 if lf:
                     sums = scale * sums
-                    total_sums = scale * _frame_totals(X_early, frame, R, scatter=False)[1]
+                    total_sums = scale * _frame_sums(X_early, frame, R)
                 del X_early
+            counts = np.diff(rows.bounds).astype(float)
         if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
             where = "the public bound"  # too few rows to locate at this budget
         pub = PublicInputs(
