@@ -1069,10 +1069,12 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
     debiased model; the pooled covariance where that is degenerate) by the ratio of its known
     noise energy to its distance from the target (James-Stein), and its eigenvalues are floored
     at a tenth of the target's variance in each direction, or the noise's spectral scale if
-    that is smaller: a level that falls with that noise. As epsilon grows the noise, the
-    shrinkage and the floor vanish: the release becomes the non-private fit.
+    that is smaller, times the expected number of rows whose report moves the class when that
+    is below one (most draws then move none: the noise is rare, not small): a level that falls
+    with that noise. As epsilon grows the noise, the shrinkage and the floor vanish: the
+    release becomes the non-private fit.
     """
-    from ...privacy.response import debiased_moments
+    from ...privacy.response import debiased_moments, response_probabilities
 
     s = SETTINGS if settings is None else settings
     K, N = int(n_classes), int(n_samples)
@@ -1094,6 +1096,10 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
     if targets is None:
         targets = np.broadcast_to(P, (K, d, d))
     nu = energy(mu) / dof**2  # expected ||noise||_F^2 of each class covariance
+    # the expected number of rows whose report moves a class's moments (its own rows reported
+    # elsewhere, the others' reported in it): below one, most draws move none
+    keep, other = response_probabilities(epsilon, K)
+    moved = np.minimum(1.0, nn * (1.0 - keep) + np.maximum(N - nn, 0.0) * other)
     # James-Stein: (p - 2) sigma^2 / distance^2 with p = d(d+1)/2 free entries, nu = p sigma^2
     free = d * (d + 1) / 2.0
     js = s["response_shrink"] * max(free - 2.0, 0.0) / free
@@ -1109,7 +1115,7 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
         vals, vecs = np.linalg.eigh(0.5 * (Ck + Ck.T))
         prior = np.einsum("ji,ji->i", vecs, T @ vecs)
         spectral = (s["noise_floor"] * np.sqrt(max(nu[k], 0.0) / free) * np.sqrt(2.0 * d)
-                    if np.isfinite(nu[k]) else np.inf)
+                    * moved[k] if np.isfinite(nu[k]) else np.inf)
         floor = np.maximum(np.minimum(s["class_floor"] * prior, spectral),
                            1e-12 * max(float(np.abs(np.diag(T)).max()), 1e-300))
         covs[k] = (vecs * np.maximum(vals, floor)) @ vecs.T
