@@ -13,7 +13,9 @@ the interval the rows occupy and their spread there:
    frame is centred on the median and scaled by the standard deviation of the thresholded
    histogram. Rows are clipped to the bound's window only, not to the occupied span: the
    span of thresholded noisy counts misses the thin tails, and clipping them would bias every
-   later stage (the later stages' radii bound each row's influence anyway).
+   later stage (the later stages' radii bound each row's influence anyway). A feature that
+   both rounds see as a point while many rows went unplaced (an atom) keeps the bound's scale
+   (:func:`unplaced`).
 
 Replacing one record moves one unit of count between two bins of every feature's histogram:
 the squared change is at most ``2 d``, so with noise ``sqrt(2 d) / s`` per bin each round is a
@@ -34,7 +36,7 @@ from scipy.stats import norm
 
 from ...rows import clip_to_bounds
 
-__all__ = ["LOCATE", "Window", "Located", "histograms", "occupied", "located_from",
+__all__ = ["LOCATE", "Window", "Located", "histograms", "occupied", "located_from", "unplaced",
            "threshold_z", "first_window", "second_window", "located_frame", "in_bound"]
 
 #: Public constants of the locating stage.
@@ -44,6 +46,8 @@ LOCATE = {
     "per_bin": 4.0,  # a round's bins hold, on average, at least this x the threshold
     "false_rate": 0.05,  # chance that an empty bin anywhere passes the threshold
     "mass": 0.5,  # an occupied span is kept only if its kept counts reach this x N
+    "unplaced": 0.2,  # share of the rows that, unplaced by both rounds, voids a point's scale
+    "point": 0.5,  # a located distribution this narrow (x a second-round bin) is a point
 }
 
 
@@ -199,9 +203,36 @@ def located_frame(pub, output: dict) -> Located:
     if "locate_2" not in output:
         return _quartered(first_window(pub))
     b = bins_of(pub, False)
-    return in_bound(pub, located_from(np.asarray(output["locate_2"], dtype=float),
-                                      second_window(pub, output), _threshold(pub, b),
-                                      pub.n_samples))
+    noisy, window = np.asarray(output["locate_2"], dtype=float), second_window(pub, output)
+    located = located_from(noisy, window, _threshold(pub, b), pub.n_samples)
+    bound = first_window(pub)
+    scale = np.where(unplaced(pub, output, window, located.scale),
+                     np.maximum(located.scale, 0.25 * (bound.hi - bound.lo)), located.scale)
+    return in_bound(pub, Located(located.centre, scale, located.lower, located.upper))
+
+
+def unplaced(pub, output: dict, window: Window, scale: np.ndarray) -> np.ndarray:
+    """Per feature: whether the located scale stands for a point the histograms saw while
+    many rows went unseen (post-processing of both rounds' noisy counts).
+
+    A value shared by most rows (an atom: counts, scores, zero-inflated measurements) is the
+    only bin of such a feature whose noisy count passes the threshold; the other rows, spread
+    thinly over bins below it, are placed by neither round. The located scale is then a
+    point's (a fraction of a bin) and would put those rows hundreds of scales away, so that
+    every later clip cuts them down. Such a feature (its located scale within ``point`` of a
+    second-round bin; at least ``unplaced`` x N rows outside the first round's kept bins *and*
+    clipped into the edge bins of the second round's window where it is narrower than the
+    bound) keeps the bound's own scale, a quarter of its width, as if not located."""
+    n = pub.n_samples
+    first, second = (np.asarray(output[k], dtype=float) for k in ("locate_1", "locate_2"))
+    t1 = _threshold(pub, bins_of(pub, True))
+    kept_first = np.where(first > t1, first, 0.0).sum(axis=1)
+    bound = first_window(pub)
+    edges = (np.where(window.lo > bound.lo, np.maximum(second[:, 0], 0.0), 0.0)
+             + np.where(window.hi < bound.hi, np.maximum(second[:, -1], 0.0), 0.0))
+    point = scale <= LOCATE["point"] * (window.hi - window.lo) / second.shape[1]
+    share = LOCATE["unplaced"] * n
+    return point & (kept_first <= n - share) & (edges >= share)
 
 
 def in_bound(pub, located: Located) -> Located:
