@@ -9,7 +9,13 @@ is its own, and in the same run:
   reading an artifact uses to recompute its claim, imported first; its wall and CPU time);
 * ``floor``: ``numpy``'s ``standard_normal`` of the same size and integer labels, in the same
   blocks, written by pyarrow in one thread (``CSVWriter`` / ``ParquetWriter``) to the same
-  kind of file.
+  kind of file. Its arrays are made from the numpy buffers (``pyarrow.Array.from_buffers``),
+  as ``sample`` makes them: ``pyarrow.array`` of a numpy array imports pandas on first use
+  (0.3 to 0.6 s here), which would be counted in the floor's time.
+
+``sample`` uses two threads (CSV: the draw and orjson's text of the numbers in one, pyarrow's
+assembly of the lines and the write in the other; Parquet: the draw in one, pyarrow's encoding
+and the write in the other); its CPU time is summed over both.
 
 rows/s = N / wall time; x floor = sample time / floor time; peak = the child's peak resident
 memory. Output files go to a temporary folder and are removed after each row.
@@ -77,9 +83,12 @@ def _child(kind: str, fmt: str, n: int, artifact: str, out: str) -> None:
             for a in range(0, n, SAMPLE_CHUNK):
                 m = min(SAMPLE_CHUNK, n - a)
                 X = rng.standard_normal((m, D))
-                y = rng.integers(0, K, m)
-                writer.write_batch(pa.record_batch(
-                    [*np.ascontiguousarray(X.T), pa.array(y)], schema=schema))
+                y = rng.integers(0, K, m, dtype=np.int64)
+                writer.write_batch(pa.RecordBatch.from_arrays(
+                    [pa.Array.from_buffers(pa.float64(), m, [None, pa.py_buffer(col)])
+                     for col in np.ascontiguousarray(X.T)]
+                    + [pa.Array.from_buffers(pa.int64(), m, [None, pa.py_buffer(y)])],
+                    schema=schema))
             writer.close()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
@@ -101,6 +110,21 @@ def _measure(kind: str, fmt: str, n: int, artifact: Path, folder: Path,
     res["process"] = total
     out.unlink()
     return res
+
+
+def _flags(args) -> str:
+    return "" if args.repeat == 3 else f" --repeat {args.repeat}"
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run of median wall time (the lower middle one of an even number)."""
+    return sorted(runs, key=lambda r: r["wall"])[(len(runs) - 1) // 2]
+
+
+def _versions() -> str:
+    from importlib.metadata import version
+
+    return ", ".join(f"{name} {version(name)}" for name in ("numpy", "pyarrow", "orjson"))
 
 
 def _artifact(folder: Path) -> Path:
@@ -133,6 +157,9 @@ def main() -> None:
     ap.add_argument("--before", type=Path, default=None,
                     help="another checkout: its sample command to CSV at the first N, in the "
                          "same run")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of each measurement, sample and floor alternating; the run of "
+                         "median wall time is reported")
     args = ap.parse_args()
 
     load0 = os.getloadavg()[0]
@@ -142,30 +169,42 @@ def main() -> None:
         artifact = _artifact(folder)
         for n in (int(v) for v in args.n):
             for fmt in ("csv", "parquet"):
-                s = _measure("sample", fmt, n, artifact, folder)
-                f = _measure("floor", fmt, n, artifact, folder)
+                runs: dict[str, list] = {"sample": [], "floor": []}
+                for _ in range(args.repeat):
+                    for kind, kept in runs.items():
+                        kept.append(_measure(kind, fmt, n, artifact, folder))
+                s, f = _median_run(runs["sample"]), _median_run(runs["floor"])
                 rows.append((n, fmt, s, f))
-                print(f"{n:.0e} {fmt}: sample {s['wall']:.2f} s, floor {f['wall']:.2f} s",
+                walls = {kind: " ".join(f"{r['wall']:.2f}" for r in kept)
+                         for kind, kept in runs.items()}
+                print(f"{n:.0e} {fmt}: sample {walls['sample']} s, floor {walls['floor']} s",
                       file=sys.stderr)
         before = None
         if args.before is not None:
             n = int(args.n[0])
-            before = (n, _measure("sample", "csv", n, artifact, folder, args.before.resolve()))
+            before = (n, _median_run([
+                _measure("sample", "csv", n, artifact, folder, args.before.resolve())
+                for _ in range(args.repeat)]))
     load1 = os.getloadavg()[0]
 
     lines = ["# Synthetic rows: `klrelease sample` (d = 10, K = 10)", "",
              f"Produced by `python benchmarks/bench_sample.py --n "
-             f"{' '.join(f'{v:.0e}' for v in args.n)}` on a shared {os.cpu_count()}-core "
-             f"machine (Python {platform.python_version()}; load average {load0:.1f} at the "
-             f"start, {load1:.1f} at the end). sample = the command in a fresh process "
-             "(`--seed 1`; wall and CPU time of the command once numpy, pyarrow, the "
-             "artifact's module and the mechanisms (which reading an artifact uses to "
-             "recompute its claim) are imported, CPU summed over its threads; process = the "
-             "whole process, start-up included); floor = numpy's "
+             f"{' '.join(f'{v:.0e}' for v in args.n)}{_flags(args)}` on a shared "
+             f"{os.cpu_count()}-core "
+             f"machine (Python {platform.python_version()}, {_versions()}; load average "
+             f"{load0:.1f} at the start, {load1:.1f} at the end). sample = the command in a "
+             "fresh process (`--seed 1`; wall and CPU time of the command once numpy, "
+             "pyarrow, the artifact's module and the mechanisms (which reading an artifact "
+             "uses to recompute its claim) are imported, CPU summed over its two threads: CSV "
+             "draws and makes the numbers' text (orjson) in one, assembles the lines (pyarrow) "
+             "and writes in the other; Parquet draws in one, encodes and writes in the other; "
+             "process = the whole process, start-up included); floor = numpy's "
              "`standard_normal` of the same size and integer labels, in the same blocks, "
-             "written by pyarrow in one thread, in its own process; rows/s = N / wall time; "
-             "x floor = sample / floor wall time; peak = peak resident memory of the "
-             "process.", "",
+             "written by pyarrow in one thread (its CSV or Parquet writer, arrays made from "
+             "the numpy buffers, so pandas is not imported), in its own process; rows/s = N / "
+             "wall time; x floor = sample / floor wall time; peak = peak resident memory of "
+             f"the process. Each is the run of median wall time of {args.repeat}, sample and "
+             "floor alternating.", "",
              "| N | format | sample (s) | rows/s | CPU (s) | process (s) | peak (MB) | "
              "file (MB) | floor (s) | floor rows/s | floor CPU (s) | floor peak (MB) | "
              "x floor |",
@@ -184,8 +223,8 @@ def main() -> None:
         lines += ["", f"Before (the same command on commit {rev or args.before.name}, CSV, N = "
                   f"{n:.0e}, same run): {b['wall']:.1f} s, {n / b['wall']:.3g} rows/s, CPU "
                   f"{b['cpu']:.1f} s, peak {b['peak_mb']:.0f} MB, file "
-                  f"{b['bytes'] / 1e6:.0f} MB (six significant digits); now "
-                  f"{b['wall'] / csv_row['wall']:.0f}x faster."]
+                  f"{b['bytes'] / 1e6:.0f} MB; now "
+                  f"{b['wall'] / csv_row['wall']:.1f}x faster."]
     text = "\n".join(lines) + "\n"
     print(text)
     args.out.write_text(text)

@@ -208,3 +208,62 @@ def test_blocks_in_flight_are_bounded():
         out.append(value)
     assert out == [i * i for i in range(50)]  # in order
     assert most[0] <= 3 + 1
+
+
+def _float_bits(values):
+    return np.asarray(values, dtype=np.float64).view(np.int64)
+
+
+def test_csv_numbers_are_the_shortest_text_that_reads_back_exactly():
+    from klrelease.cli.release import _binary_array, csv_lines
+
+    rng = np.random.default_rng(4)
+    bits = rng.integers(-2**63, 2**63 - 1, size=60_000, dtype=np.int64, endpoint=True)
+    specials = [0.0, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
+                -1.7976931348623157e308, 1e16, 1e-7, 0.1, 1 / 3, 100.0, 2.0**53 + 2, 1e23,
+                123456.0, 1e-5, 9.999999999999999e22]
+    x = np.concatenate([specials, [np.inf, -np.inf, np.nan], bits.view(np.float64),
+                        rng.standard_normal(20_000) * 10.0 ** rng.integers(-30, 30, 20_000)])
+    x = x[: x.size // 6 * 6]
+    assert np.isposinf(x).any() and np.isneginf(x).any()
+    X = x.reshape(-1, 6)
+    comp = rng.integers(0, 2, X.shape[0])
+    ends = _binary_array([b"a\n", b'"b,c"\n'])
+    lines = bytes(csv_lines(X, comp, ends)).decode().splitlines()
+    assert len(lines) == X.shape[0]
+    cells = [line.split(",", 6) for line in lines]
+    assert [c[6] for c in cells] == [["a", '"b,c"'][k] for k in comp]
+    texts = [t for c in cells for t in c[:6]]
+    back = np.array([float(t) for t in texts])
+    nan = np.isnan(x)
+    assert np.array_equal(np.isnan(back), nan)
+    assert np.array_equal(_float_bits(back)[~nan], _float_bits(x)[~nan])  # -0.0 included
+    for t, v in zip(texts, x, strict=True):  # as few digits as Python's repr (the shortest)
+        if np.isfinite(v):
+            digits = t.lstrip("-").split("e")[0].replace(".", "").strip("0")
+            assert digits == repr(float(v)).lstrip("-").split("e")[0].replace(".", "").strip("0")
+        else:
+            assert t == {"nan": "nan", "inf": "inf", "-inf": "-inf"}[repr(float(v))]
+
+
+def test_the_threaded_csv_writer_writes_the_bytes_of_one_block_in_one_thread():
+    import io
+
+    from klrelease.cli.release import _binary_array, csv_lines, write_rows
+
+    g = _gmm(K=5, d=4, seed=2)
+    ends = _binary_array([f"{c}\n".encode() for c in g.classes])
+    ((X, comp),) = g.sample_blocks(20_000, 9, block=20_000)
+    X[[3, 4000, 19_999], [0, 2, 3]] = [np.inf, -np.inf, np.nan]  # rows that are not finite
+    one = b"x0,x1,x2,x3,label\n" + bytes(csv_lines(X, comp, ends))
+    for block in (1, 999, 4096, 20_000):
+        blocks = ((X[a:a + block], comp[a:a + block]) for a in range(0, len(X), block))
+        out = io.BytesIO()
+        write_rows(out, blocks, ["x0", "x1", "x2", "x3"], g.classes, "csv")
+        assert out.getvalue() == one, block
+    # and the drawn rows, in blocks, give the text of the one-block draw
+    ((X, comp),) = g.sample_blocks(5000, 3, block=5000)
+    out = io.BytesIO()
+    write_rows(out, g.sample_blocks(5000, 3, block=512), ["x0", "x1", "x2", "x3"], g.classes,
+               "csv")
+    assert out.getvalue() == b"x0,x1,x2,x3,label\n" + bytes(csv_lines(X, comp, ends))

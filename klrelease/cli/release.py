@@ -205,12 +205,16 @@ def sample(
 def write_rows(fh, blocks, names: list[str], classes, fmt: str) -> None:
     """Write blocks ``(X, comp)`` of labelled rows to the binary file ``fh`` as CSV (a header
     row ``names..., label``, then the rows; numbers as the shortest text that reads back as
-    the same double) or Parquet (a float64 column per feature, then ``label``: integers when
-    every class is an integer, else text; one row group per block).
+    the same double: see :func:`csv_lines`) or Parquet (a float64 column per feature, then
+    ``label``: integers when every class is an integer, else text; one row group per block).
 
-    pyarrow formats (CSV) or encodes (Parquet) each block in a second thread while the next
-    block is drawn, with at most two blocks in flight, so memory stays bounded by the block
-    size. (More threads do not help CSV: ``pyarrow.csv.write_csv`` holds the GIL.)
+    Two threads, with at most two blocks in flight, so memory stays bounded by the block
+    size. Parquet: a block is encoded and written in the second thread while the next one is
+    drawn. CSV: the numbers' text is made by orjson, which holds the GIL, in this thread
+    after the draw; the second thread cuts it into lines, appends the labels (pyarrow's
+    kernels, which release the GIL) and writes them. pyarrow's arrays are made from the
+    blocks' buffers (``pyarrow.array`` of a list or of a numpy array imports pandas, when it
+    is installed, on first use: 0.3 to 0.6 s).
     """
     import numpy as np
     import pyarrow as pa
@@ -218,37 +222,129 @@ def write_rows(fh, blocks, names: list[str], classes, fmt: str) -> None:
     integer = fmt == "parquet" and all(
         isinstance(c, int | np.integer) and not isinstance(c, bool | np.bool_) for c in classes)
     text = [str(c) for c in classes]
-    labels = pa.array([int(c) for c in classes] if integer else text,
-                      type=pa.int64() if integer else pa.string())
-    schema = pa.schema([*(pa.field(name, pa.float64()) for name in names),
-                        pa.field("label", labels.type)])
-
-    def batch(X, comp):
-        return pa.record_batch([*np.ascontiguousarray(X.T), labels.take(comp)], schema=schema)
 
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
+        if integer:
+            labels = _arrow(pa.int64(), np.array([int(c) for c in classes], dtype=np.int64))
+        else:
+            labels = _binary_array([t.encode() for t in text], pa.string())
+        schema = pa.schema([*(pa.field(name, pa.float64()) for name in names),
+                            pa.field("label", labels.type)])
+
+        def write(X, comp):
+            XT = np.ascontiguousarray(X.T)
+            columns = [_arrow(pa.float64(), col) for col in XT]
+            label = labels.take(_arrow(pa.int64(), np.ascontiguousarray(comp, np.int64)))
+            writer.write_batch(pa.RecordBatch.from_arrays([*columns, label], schema=schema))
+
         with pq.ParquetWriter(fh, schema, use_dictionary=["label"]) as writer:
-            for _ in _in_order(blocks, lambda X, comp: writer.write_batch(batch(X, comp)), 1):
+            for _ in _in_order(blocks, write, 1):
                 pass
         return
-    import pyarrow.csv as pcsv
 
     # labels as they are (as the header is), unless one holds a separator, a quote or a line
-    # break: then every label is quoted
+    # break: then every label is quoted, a quote doubled
     plain = not any(ch in t for t in text for ch in ',"\r\n')
-    options = pcsv.WriteOptions(include_header=False,
-                                quoting_style="none" if plain else "needed")
-
-    def to_csv(X, comp):
-        buf = pa.BufferOutputStream()
-        pcsv.write_csv(batch(X, comp), buf, options)
-        return buf.getvalue()
-
+    ends = _binary_array([(t if plain else '"' + t.replace('"', '""') + '"').encode() + b"\n"
+                          for t in text])
     fh.write((",".join([*names, "label"]) + "\n").encode())
-    for data in _in_order(blocks, to_csv, 1):
-        fh.write(data)
+    texts = ((_numbers_text(X), comp) for X, comp in blocks)
+    for _ in _in_order(texts, lambda text, comp: fh.write(_csv_join(text, comp, ends)), 1):
+        pass
+
+
+def _arrow(type_, values):
+    """A pyarrow array of fixed-width ``type_`` on the buffer of the contiguous ``values``."""
+    import pyarrow as pa
+
+    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(values)])
+
+
+def _binary_array(items: list[bytes], type_=None):
+    """A pyarrow array of the byte strings ``items``: ``large_binary``, or ``type_`` (a
+    binary or string type, with 32- or 64-bit offsets)."""
+    import numpy as np
+    import pyarrow as pa
+
+    type_ = type_ or pa.large_binary()
+    large = type_ in (pa.large_binary(), pa.large_string())
+    offsets = np.zeros(len(items) + 1, dtype=np.int64 if large else np.int32)
+    np.cumsum([len(b) for b in items], out=offsets[1:])
+    return pa.Array.from_buffers(type_, len(items),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(items))])
+
+
+def csv_lines(X, comp, ends):
+    """The CSV lines of the rows of ``X`` (float64, shape (m, d)), row ``i`` ending with
+    ``ends[comp[i]]`` (a pyarrow binary array: a label's text and a line break), as one
+    buffer.
+
+    Every number is written as the shortest text that reads back as the same double (orjson's
+    formatting of a float64 array, e.g. ``0.1``, ``100.0``, ``-0.0``, ``1e-7``, ``1e+16``),
+    ``inf``, ``-inf`` or ``nan`` if it is not finite; the text of a row depends on that row
+    alone. orjson writes the block as a JSON array of arrays (:func:`_numbers_text`), which
+    pyarrow cuts into rows and joins with their labels (:func:`_csv_join`), without a loop in
+    Python.
+    """
+    return _csv_join(_numbers_text(X), comp, ends)
+
+
+def _numbers_text(X):
+    """``(data, m, nonfinite)``: orjson's JSON text of the rows of ``X`` (``b"[[x,..,x],..]"``),
+    their number, and, if some value is not finite (written as 0.0 in ``data``), ``(X, its
+    isfinite mask)``, else None."""
+    import numpy as np
+    import orjson
+
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    finite = np.isfinite(X)
+    if finite.all():
+        return orjson.dumps(X, option=orjson.OPT_SERIALIZE_NUMPY), X.shape[0], None
+    return (orjson.dumps(np.where(finite, X, 0.0), option=orjson.OPT_SERIALIZE_NUMPY),
+            X.shape[0], (X, finite))
+
+
+def _csv_join(text, comp, ends):
+    """The CSV lines of :func:`csv_lines` from :func:`_numbers_text`'s ``text``."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    data, m, nonfinite = text
+    # data = b"[[x,..,x],[x,..,x],..,[x,..,x]]": the rows are the pieces between "],[" once
+    # the first two and last two characters are cut
+    whole = pa.Array.from_buffers(pa.large_binary(), 1, [
+        None, pa.py_buffer(np.array([0, len(data) - 4], dtype=np.int64)),
+        pa.py_buffer(data).slice(2)])
+    rows = pc.split_pattern(whole, pattern=b"],[").values
+    if nonfinite is not None:
+        rows = _nonfinite_rows(rows, *nonfinite)
+    lines = pc.binary_join_element_wise(
+        rows, ends.take(_arrow(pa.int64(), np.ascontiguousarray(comp, np.int64))), _comma())
+    bounds = np.frombuffer(lines.buffers()[1], dtype=np.int64)[[lines.offset, lines.offset + m]]
+    return lines.buffers()[2][int(bounds[0]):int(bounds[1])]
+
+
+def _comma():
+    """The separator of :func:`csv_lines`, a pyarrow binary scalar."""
+    return _binary_array([b","])[0]
+
+
+def _nonfinite_rows(rows, X, finite):
+    """``rows`` (the text of every row, with 0.0 in place of a value that is not finite) with
+    ``inf``, ``-inf`` or ``nan`` written where it belongs."""
+    import numpy as np
+
+    texts = rows.to_pylist()
+    for i in np.flatnonzero(~finite.all(axis=1)):
+        values = texts[i].split(b",")
+        for j in np.flatnonzero(~finite[i]):
+            v = X[i, j]
+            values[j] = b"nan" if np.isnan(v) else b"inf" if v > 0 else b"-inf"
+        texts[i] = b",".join(values)
+    return _binary_array(texts)
 
 
 def _in_order(blocks, work, threads: int):
