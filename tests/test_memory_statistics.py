@@ -202,6 +202,8 @@ def test_column_extremes(n):
     if n:
         np.testing.assert_array_equal(lo, X.min(axis=0))
         np.testing.assert_array_equal(hi, X.max(axis=0))
+        for got, want in zip(column_extremes(np.asfortranarray(X)), (lo, hi), strict=True):
+            np.testing.assert_array_equal(got, want)
     else:
         assert np.all(lo == np.inf) and np.all(hi == -np.inf)
 

@@ -210,6 +210,27 @@ def test_blocks_in_flight_are_bounded():
     assert most[0] <= 3 + 1
 
 
+def test_no_block_is_written_after_a_failed_one():
+    """A write that fails in the writing thread stops every later block's write: on standard
+    output a later block would land after a hole that cannot be removed."""
+    import time
+
+    from klrelease.cli.release import _in_order
+
+    wrote = []
+
+    def write(i):
+        if i == 2:
+            time.sleep(0.2)  # the next block is queued before this failure is seen
+            raise OSError(5, "Input/output error")
+        wrote.append(i)
+
+    with pytest.raises(OSError):
+        for _ in _in_order(((i,) for i in range(6)), write, 1):
+            pass
+    assert wrote == [0, 1]
+
+
 def _float_bits(values):
     return np.asarray(values, dtype=np.float64).view(np.int64)
 

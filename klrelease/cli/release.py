@@ -349,15 +349,29 @@ def _nonfinite_rows(rows, X, finite):
 
 def _in_order(blocks, work, threads: int):
     """``work(*block)`` of every block, computed in ``threads`` threads and yielded in the
-    blocks' order; at most ``threads + 1`` blocks are in flight."""
+    blocks' order; at most ``threads + 1`` blocks are in flight. Once one block's work fails,
+    no later block's work runs (a write after a failed one would leave a hole in a stream
+    that cannot be removed, such as standard output)."""
+    import threading
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
+
+    failed = threading.Event()
+
+    def guarded(*block):
+        if failed.is_set():
+            raise RuntimeError("an earlier block failed")
+        try:
+            return work(*block)
+        except BaseException:
+            failed.set()
+            raise
 
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="klrelease-write")
     pending: deque = deque()
     try:
         for block in blocks:
-            pending.append(pool.submit(work, *block))
+            pending.append(pool.submit(guarded, *block))
             if len(pending) > threads:
                 yield pending.popleft().result()
         while pending:
