@@ -38,7 +38,14 @@ from ...gmm import GMM, check_gmm
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...privacy.response import debiased_moments
-from ...rows import ROW_BLOCK, affine_rows, class_blocks, clip_to_bounds, clip_to_norm, column_sums
+from ...rows import (
+    affine_rows,
+    class_blocks,
+    clip_to_bounds,
+    clip_to_norm,
+    column_sums,
+    row_block,
+)
 from ...stream.moments import pooled_moments, sorted_bounded_moments
 from ...warnings_ import warn_privacy
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan, last_resort
@@ -49,6 +56,7 @@ from .design import (
     Budget,
     Frame,
     PublicInputs,
+    add_symmetric_gaussian,
     centres,
     estimate,
     flip_radius,
@@ -115,11 +123,22 @@ def whitening_frame(centre: np.ndarray, C: np.ndarray) -> Frame:
     else:  # every feature constant (public under label flip)
         mag = np.abs(np.asarray(centre, dtype=float))
         sd = np.where(np.isfinite(mag) & (mag > 0), mag, 1.0)
-    Rc = C / np.outer(sd, sd)
-    w, V = np.linalg.eigh(0.5 * (Rc + Rc.T))
+    # (d x d temporaries one or two at a time, in place where the values are the same)
+    Rc = np.outer(sd, sd)
+    np.divide(C, Rc, out=Rc)
+    S = Rc + Rc.T
+    del Rc
+    S *= 0.5
+    w, V = np.linalg.eigh(S)
+    del S
     w = np.maximum(w, 1e-12 * max(w.max(), 1e-300))
-    W = (V / np.sqrt(w)) @ V.T / sd[:, None]
-    W_inv = sd[None, :] * ((V * np.sqrt(w)) @ V.T)
+    A = V / np.sqrt(w)
+    W = A @ V.T
+    A = np.multiply(V, np.sqrt(w), out=A)
+    W_inv = A @ V.T
+    del A, V
+    W /= sd[:, None]
+    W_inv *= sd[None, :]
     return Frame(centre, W, W_inv)
 
 
@@ -186,43 +205,62 @@ def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, n
     return frame, clip, certified, where, _bound_window(domain)
 
 
-def _frame_totals(X: np.ndarray, frame: Frame, radius: float | None,
-                  scatter: bool = True) -> tuple[np.ndarray | None, np.ndarray | None]:
+def _frame_totals(T: np.ndarray, radius: float | None, scatter: bool = True,
+                  index: np.ndarray | None = None
+                  ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Label flip: the public totals ``sum t t^T`` (``scatter``) and ``sum clip_R(t)`` (a
-    ``radius``) of the frame rows ``t``, in blocks of rows in their own order: bit for bit the
-    same function of the features whatever the labels (rows grouped by class, or the sum of
-    per-class sums, would round by label). Used on every row and on the early stages' sample.
+    ``radius``) of the frame rows ``t`` (``T``, or ``T[index]``: the rows in another order,
+    gathered a block at a time), in blocks of rows in that order: bit for bit the same function
+    of the features whatever the labels (rows grouped by class, or the sum of per-class sums,
+    would round by label). Used on every row (in their own order) and on the early stages'
+    sample (in its order).
     """
-    d = X.shape[1]
+    n, d = (T.shape[0] if index is None else index.shape[0]), T.shape[1]
     S = np.zeros((d, d)) if scatter else None
     sums = np.zeros(d) if radius is not None else None
-    for a in range(0, X.shape[0], ROW_BLOCK):
-        T = frame.to_frame(X[a:a + ROW_BLOCK])
+    step = row_block(d)
+    for a in range(0, n, step):
+        B = T[a:a + step] if index is None else np.take(T, index[a:a + step], axis=0)
         if scatter:
-            S += T.T @ T
+            S += B.T @ B
         if radius is not None:
-            sums += column_sums(clip_to_norm(T, radius))
+            sums += column_sums(clip_to_norm(B, radius))
+        del B
     return S, sums
+
+
+def _frame_rows(X: np.ndarray, frame: Frame, clip=None,
+                index: np.ndarray | None = None) -> np.ndarray:
+    """The rows ``X[index]`` (all of ``X`` without ``index``) in the frame, clipped into the
+    bound by ``clip``, in that order: one gather and one map into the frame per block of rows
+    (:func:`klrelease.rows.row_block`), written into one array, no other copy of the data.
+    Each block's map reads its rows only, in an order that does not depend on the labels."""
+    n = X.shape[0] if index is None else index.shape[0]
+    out = np.empty((n, frame.W.shape[1]))
+    step = row_block(max(X.shape[1], frame.W.shape[1]))
+    for a in range(0, n, step):
+        b = min(a + step, n)
+        raw = X[a:b] if index is None else np.take(X, index[a:b], axis=0)
+        block = out[a:b]
+        affine_rows(raw, frame.centre, frame.W, out=block)
+        del raw
+        if clip is not None:
+            clipped = clip(block)
+            if clipped is not block:
+                block[...] = clipped
+    return out
 
 
 def _grouped_rows(X: np.ndarray, codes: np.ndarray, n_classes: int, frame: Frame, clip=None,
                   stage_a=None) -> tuple[_MemoryRows, np.ndarray | None]:
-    """The rows in the frame (clipped into the bound by ``clip``), grouped by class, built
-    block by block from the raw rows (one gather, one map into the frame, no other copy of
-    the data); with ``stage_a``, also the per-class sums of ``stage_a(t, k)`` on the way."""
+    """The rows in the frame (clipped into the bound by ``clip``), in their own order, read
+    grouped by class (:class:`_MemoryRows`, one map into the frame per block, no other copy of
+    the data); with ``stage_a``, also the per-class sums of ``stage_a(t, k)``."""
     order, bounds = class_blocks(codes, n_classes)
-    rows = np.empty((X.shape[0], frame.W.shape[1]))
-    sums = None if stage_a is None else np.zeros((n_classes, rows.shape[1]))
-    for k in range(n_classes):
-        for a in range(int(bounds[k]), int(bounds[k + 1]), ROW_BLOCK):
-            b = min(a + ROW_BLOCK, int(bounds[k + 1]))
-            T = frame.to_frame(np.take(X, order[a:b], axis=0))
-            if clip is not None:
-                T = clip(T)
-            rows[a:b] = T
-            if stage_a is not None:
-                sums[k] += column_sums(stage_a(T, k))
-    return _MemoryRows(rows, bounds), sums
+    rows = _MemoryRows(_frame_rows(X, frame, clip), bounds, order)
+    if stage_a is None:
+        return rows, None
+    return rows, rows.stats(stage_a, frame.W.shape[1], second=False)[0]
 
 
 def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -236,7 +274,11 @@ def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # the moments a streamed source computes (pooled_moments), in one pass
         m = pooled_moments(X)
         centre = m.means[0]
-        C = m.scatters[0] / (N - 1) if N > 1 else np.zeros((d, d))
+        if N > 1:
+            C = m.scatters[0]
+            C /= N - 1
+        else:
+            C = np.zeros((d, d))
     check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)), "the features' standard deviations")
     return centre, C
 
@@ -268,26 +310,31 @@ def _warn_bounds_from_data():
 
 
 class _MemoryRows:
-    """The rows in the frame in memory (the fast path), grouped by class once: class ``k`` is
-    ``rows[bounds[k]:bounds[k+1]]`` (:func:`klrelease.rows.class_blocks`). Every stage reduces
-    them in cache-sized blocks (:func:`klrelease.stream.moments.sorted_bounded_moments`, the
-    per-chunk reduction of a streamed source), without copies of the whole array."""
+    """The rows in the frame in memory (the fast path), read grouped by class: class ``k`` is
+    ``rows[index[bounds[k]:bounds[k+1]]]`` (``index`` from :func:`klrelease.rows.class_blocks`,
+    or ``rows[bounds[k]:bounds[k+1]]`` without one). Every stage reduces them in cache-sized
+    blocks, each gathered when it is reduced (:func:`klrelease.stream.moments.
+    sorted_bounded_moments`, the per-chunk reduction of a streamed source), without copies of
+    the whole array: the rows stay in one array in an order that does not depend on the
+    labels, which the public rows and the early stages' sample share."""
 
-    #: Rows per block of a histogram pass.
-    HIST_BLOCK = 1 << 15
-
-    def __init__(self, rows: np.ndarray, bounds: np.ndarray):
-        self.rows, self.bounds = rows, bounds
+    def __init__(self, rows: np.ndarray, bounds: np.ndarray, index: np.ndarray | None = None):
+        self.rows, self.bounds, self.index = rows, bounds, index
 
     def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         """Per class k: the sum and (``second``) second moment of ``fn(T_k, k)``."""
-        return sorted_bounded_moments(self.rows, self.bounds, fn, second)
+        return sorted_bounded_moments(self.rows, self.bounds, fn, second, index=self.index)
 
     def histograms(self, window, bins: int) -> np.ndarray:
-        """Per-feature histograms of all rows (every class) clipped into ``window``."""
+        """Per-feature histograms of these rows (every class) clipped into ``window`` (counts:
+        the same in any order and blocks)."""
         out = np.zeros((window.lo.shape[0], bins))
-        for a in range(0, self.rows.shape[0], self.HIST_BLOCK):
-            out += histograms(self.rows[a:a + self.HIST_BLOCK], window, bins)
+        step = 4 * row_block(self.rows.shape[1])
+        n = int(self.bounds[-1])
+        for a in range(0, n, step):
+            block = (self.rows[a:a + step] if self.index is None
+                     else np.take(self.rows, self.index[a:a + step], axis=0))
+            out += histograms(block, window, bins)
         return out
 
 
@@ -511,7 +558,8 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
             early, sums = _early_rows(frame, clip, got[3], K, _CentredClip(np.zeros((K, d)), R))
             counts, c = got[2], N / got[3][1].shape[0]
             sums = c * sums
-            total = c * _frame_totals(got[3][0], frame, R, scatter=False)[1]
+            # the sample's rows, in its order
+            total = c * _frame_totals(early.rows, R, scatter=False)[1]
         return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
                     N=N, R=R, total_scatter=total_scatter, sums=sums, counts=counts,
                     total_sums=total, where=where, window=window, public_rows=public_rows)
@@ -620,8 +668,12 @@ class KLCertifiedPlan(Plan):
         K = S1.shape[0]
         sums = S1 + rng.standard_normal((K, d)) * noise.mean_sd[:, None]
         released = np.isfinite(noise.cov_sd)
-        E = symmetric_gaussian(rng, np.where(released, noise.cov_sd, 1.0), d)
-        return sums, np.where(released[:, None, None], S2 + E, 0.0)
+        # S2 + symmetric_gaussian(rng, sigma, d) where released, 0 elsewhere: the same draws
+        # and values, one class at a time in place (the statistics are this round's own)
+        if not S2.flags.writeable:
+            S2 = S2.copy()
+        return sums, add_symmetric_gaussian(rng, S2, np.where(released, noise.cov_sd, 1.0),
+                                            released)
 
     @staticmethod
     def _round_logpdf(output, stats, noise, suffix: str) -> tuple[float, float]:
@@ -800,11 +852,11 @@ class KLCertified(Mechanism):
         """The randomized-response design (label flip): reported labels, then
         :func:`.design.response_estimate` in the public whitened frame."""
         from ...stream import Source
-        from ...stream.sample import sample_indices
+        from ...stream.sample import SAMPLE_ROWS, sample_indices
 
         declared = bool(getattr(data, "classes_declared", False))
         K, d = len(data.classes), data.n_features
-        T = None
+        T = index = None
         if isinstance(data, Source):
             m0, sample = (data.pooled_and_sample() if pooled is None else pooled)[:2]
             N, mean, M2 = int(round(m0.counts[0])), m0.means[0], m0.scatters[0]
@@ -817,8 +869,12 @@ class KLCertified(Mechanism):
             N = data.n_samples
             frame = whitening_frame(*_public_moments(data.X))
             # every row in the frame once; the row sample is its rows of the sampled indices
+            # (read through them when the sample is every row: no second copy of the rows)
             T = frame.to_frame(data.X)
-            rows = T[sample_indices(N)]
+            if N <= SAMPLE_ROWS:
+                rows, index = T, sample_indices(N)
+            else:
+                rows = T[sample_indices(N)]
         classes = data.classes
         guarantee = response_guarantee(self.name, epsilon, delta, K, declared,
                                        "klrelease/mechanisms/kl_certified/kl_certified.md")
@@ -827,7 +883,8 @@ class KLCertified(Mechanism):
         def estimate(m):
             try:
                 w, mu, covs = response_estimate(m, epsilon=epsilon, n_classes=K, n_samples=N,
-                                                frame=frame, public_rows=rows)
+                                                frame=frame, public_rows=rows,
+                                                public_index=index)
                 return check_gmm(GMM(w, mu, covs, classes))
             except (ValueError, np.linalg.LinAlgError, FloatingPointError):
                 # never fail after the labels were drawn: the released weights with the
@@ -959,40 +1016,49 @@ class KLCertified(Mechanism):
             N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
             budget = budget_for(N)
 
-            from ...stream.sample import sample_indices, sample_rows, stage_rows
+            from ...stream.sample import SAMPLE_ROWS, sample_indices, stage_rows
 
-            # more rows than the early stages' sample: they read it (as a streamed release
-            # does, the same rows in the same order), scaled
+            # every row in the frame once (clipped into the bound), in the order of the rows'
+            # priorities (a function of their index alone): the public row sample (label flip)
+            # is the first SAMPLE_ROWS of them, the early stages' sample the first
+            # stage_rows(d), and every stage reads the classes through an index into them
             S = stage_rows(d)
             sampled = N > S
-            pick = sample_indices(N, S) if sampled else None
+            prio = sample_indices(N, N)
+            T = _frame_rows(data.X, frame, clip, prio)
+            rank = np.empty(N, dtype=np.intp)  # where each row is in T
+            rank[prio] = np.arange(N)
+            order, bounds = class_blocks(data.codes, K)
+            rows = _MemoryRows(T, bounds, rank[order])
+            counts = np.diff(bounds).astype(float)
+            del order
             stage_a = None
             if lf:
-                sample = sample_rows(data.X)
-                public_rows = frame.to_frame(sample)
-                R = sample_radius(frame, sample, budget, S if sampled else N, K, public_rows)
-                # the clipped total of every row only when no sample stands in
-                total_scatter, total_sums = _frame_totals(data.X, frame,
-                                                          None if sampled else R)
+                public_rows = T[:min(N, SAMPLE_ROWS)]
+                R = sample_radius(frame, None, budget, S if sampled else N, K, public_rows)
+                # every row in its own order; the clipped total of every row only when no
+                # sample stands in
+                total_scatter, total_sums = _frame_totals(T, None if sampled else R,
+                                                          index=rank)
                 stage_a = _CentredClip(np.zeros((K, d)), R)
             else:
                 R = located_radius(d, S if sampled else N, K, budget)
                 total_scatter = total_sums = public_rows = None
-            # grouped by class once; under label flip, stage A's sums on the way (before any
-            # noise)
-            rows, sums = _grouped_rows(data.X, data.codes, K, frame, clip,
-                                       None if sampled else stage_a)
-            counts = np.diff(rows.bounds).astype(float)
+            # stage A's sums (label flip), before any noise
+            sums = None
             if sampled:
-                X_early = np.take(data.X, pick, axis=0)
-                early, sums = _grouped_rows(X_early, data.codes[pick], K, frame, clip, stage_a)
-                scale = N / pick.shape[0]
-                extra["early_stages"] = (
-                    f"a sample of {pick.shape[0]} of the {N} rows, chosen by their index")
+                # more rows than the early stages' sample: they read it (as a streamed
+                # release does, the same rows in the same order), scaled
+                e_order, e_bounds = class_blocks(data.codes[prio[:S]], K)
+                early = _MemoryRows(T, e_bounds, e_order)
+                scale = N / S
+                extra["early_stages"] = f"a sample of {S} of the {N} rows, chosen by their index"
                 if lf:
-                    sums = scale * sums
-                    total_sums = scale * _frame_totals(X_early, frame, R, scatter=False)[1]
-                del X_early
+                    sums = scale * early.stats(stage_a, d, second=False)[0]
+                    total_sums = scale * _frame_totals(T[:S], R, scatter=False)[1]
+            elif lf:
+                sums = rows.stats(stage_a, d, second=False)[0]
+            del prio, rank
         if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
             where = "the public bound"  # too few rows to locate at this budget
         pub = PublicInputs(
