@@ -9,6 +9,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from ._threads import blas_single_thread
 from .rows import class_blocks
 
 __all__ = ["GMM", "fit_gmm", "check_gmm", "SAMPLE_BLOCK"]
@@ -330,6 +331,7 @@ def fit_gmm(X, y, *, classes=None) -> GMM:
     return GMM(st.weights, st.means, st.covariances, data.classes)
 
 
+@blas_single_thread  # one Cholesky factor per class: threaded BLAS only waits on busy cores
 def check_gmm(g: GMM) -> GMM:
     """``g`` itself if its covariances are symmetric positive definite and its class labels
     distinct (what an artifact requires); ``ValueError`` otherwise."""
