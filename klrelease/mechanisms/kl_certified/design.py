@@ -400,10 +400,6 @@ def flip_radius(norms: np.ndarray, n_samples: int, n_classes: int, d: int, sens:
 # ------------------------------------------------------------------------- stage A: centres
 
 
-def _outer(a: np.ndarray) -> np.ndarray:
-    return np.einsum("...i,...j->...ij", a, a)
-
-
 def robust_counts(pub: PublicInputs, counts: np.ndarray) -> np.ndarray:
     """Released counts as divisors: projected onto sum N (label flip; N is public under both
     relations), then at least ``count_floor`` noise sd and 2 (a tiny or negative noisy count
