@@ -1108,7 +1108,11 @@ def stage_c_design(pub: PublicInputs, output: dict) -> dict:
     B (and whether a second round follows)."""
     n, m1, C1 = centres(pub, output["counts"], output["sums"])
     shares = round_shares(pub, n)
-    P, covering = _pooled(pub, output, n, m1, C1, m1, cover="both")
+    # the covering shape only when a second round follows (one decomposition either way)
+    if len(shares) > 1:
+        P, covering = _pooled(pub, output, n, m1, C1, m1, cover="both")
+    else:
+        P, covering = _pooled(pub, output, n, m1, C1, m1), None
     # the first of two rounds reads the public subset (statistics and noise scaled by c):
     # designed for the counts it holds, about n / c; a single round reads every row
     c = pub.sample_scale if len(shares) > 1 else 1.0
