@@ -564,7 +564,7 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     has no Cholesky factor. Post-processing of released values and public features."""
     if _public_count(pub) == 0:
         return None
-    T = public_sample(pub)
+    T = pub.public_rows  # every stored row: row by row the same values
     lw = np.log(np.maximum(n / n.sum(), 1e-300))
     L = np.empty((T.shape[0], len(n)))
     try:
@@ -572,8 +572,11 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
             ch = np.linalg.cholesky(0.5 * (covs[k] + covs[k].T))
             z = np.linalg.solve(ch, (T - means[k]).T)
             L[:, k] = lw[k] - np.log(np.diag(ch)).sum() - 0.5 * np.einsum("ij,ij->j", z, z)
+            del z
     except np.linalg.LinAlgError:
         return fallback
+    if getattr(pub, "public_index", None) is not None:
+        L = L[pub.public_index]
     if not np.all(np.isfinite(L)):
         return fallback
     L -= L.max(axis=1, keepdims=True)

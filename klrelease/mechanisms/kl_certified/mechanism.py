@@ -315,8 +315,9 @@ class _MemoryRows:
     or ``rows[bounds[k]:bounds[k+1]]`` without one). Every stage reduces them in cache-sized
     blocks, each gathered when it is reduced (:func:`klrelease.stream.moments.
     sorted_bounded_moments`, the per-chunk reduction of a streamed source), without copies of
-    the whole array: the rows stay in one array in an order that does not depend on the
-    labels, which the public rows and the early stages' sample share."""
+    the whole array: the rows stay in one array in their own order (computed without reading
+    a label), which every row's stages, the early stages' sample and the public row sample
+    read through their indices."""
 
     def __init__(self, rows: np.ndarray, bounds: np.ndarray, index: np.ndarray | None = None):
         self.rows, self.bounds, self.index = rows, bounds, index
@@ -455,7 +456,8 @@ def sample_radius(frame: Frame, sample: np.ndarray, budget: Budget, n_samples: i
                   n_classes: int, rows: np.ndarray | None = None) -> float:
     """Label flip: the stage-A radius from the frame norms of the row sample
     (:mod:`klrelease.stream.sample`: every row when N <= 65536), :func:`.design.flip_radius`.
-    ``rows``: the sample already in the frame (``frame.to_frame(sample)``), if computed.
+    ``rows``: the sample already in the frame (``frame.to_frame(sample)``), if computed, in
+    any order (the radius reads the norms sorted), e.g. every row when the sample is every row.
     """
     T = frame.to_frame(sample) if rows is None else rows
     norms = np.sqrt(np.einsum("ij,ij->i", T, T))
@@ -996,7 +998,7 @@ class KLCertified(Mechanism):
         def budget_for(n_samples: int) -> Budget:
             return release_budget(epsilon, delta, relation, n_samples, data.n_features)
 
-        extra, early, scale = {}, None, 1.0
+        extra, early, scale, public_index = {}, None, 1.0, None
         if isinstance(data, Source):  # streamed: passes over chunks, bounded memory
             got = stream_inputs(data, relation, bool(options["bounds_from_data"]),
                                 options["norm_bound"], budget_for, pooled)
@@ -1018,28 +1020,28 @@ class KLCertified(Mechanism):
 
             from ...stream.sample import SAMPLE_ROWS, sample_indices, stage_rows
 
-            # every row in the frame once (clipped into the bound), in the order of the rows'
-            # priorities (a function of their index alone): the public row sample (label flip)
-            # is the first SAMPLE_ROWS of them, the early stages' sample the first
-            # stage_rows(d), and every stage reads the classes through an index into them
+            # every row in the frame once (clipped into the bound), in its own order, in one
+            # array: every stage reads it through an index (the classes, grouped; the early
+            # stages' sample; under label flip the public row sample when it is every row)
             S = stage_rows(d)
             sampled = N > S
-            prio = sample_indices(N, N)
-            T = _frame_rows(data.X, frame, clip, prio)
-            rank = np.empty(N, dtype=np.intp)  # where each row is in T
-            rank[prio] = np.arange(N)
+            T = _frame_rows(data.X, frame, clip)
             order, bounds = class_blocks(data.codes, K)
-            rows = _MemoryRows(T, bounds, rank[order])
+            rows = _MemoryRows(T, bounds, order)
             counts = np.diff(bounds).astype(float)
             del order
             stage_a = None
             if lf:
-                public_rows = T[:min(N, SAMPLE_ROWS)]
+                # the public row sample: every row (read through its order) or a copy of the
+                # sampled rows
+                if N <= SAMPLE_ROWS:
+                    public_rows, public_index = T, sample_indices(N)
+                else:
+                    public_rows = np.take(T, sample_indices(N), axis=0)
+                # (the radius reads the sample's norms, sorted: the same from every row)
                 R = sample_radius(frame, None, budget, S if sampled else N, K, public_rows)
-                # every row in its own order; the clipped total of every row only when no
-                # sample stands in
-                total_scatter, total_sums = _frame_totals(T, None if sampled else R,
-                                                          index=rank)
+                # the clipped total of every row only when no sample stands in
+                total_scatter, total_sums = _frame_totals(T, None if sampled else R)
                 stage_a = _CentredClip(np.zeros((K, d)), R)
             else:
                 R = located_radius(d, S if sampled else N, K, budget)
@@ -1049,16 +1051,17 @@ class KLCertified(Mechanism):
             if sampled:
                 # more rows than the early stages' sample: they read it (as a streamed
                 # release does, the same rows in the same order), scaled
-                e_order, e_bounds = class_blocks(data.codes[prio[:S]], K)
-                early = _MemoryRows(T, e_bounds, e_order)
+                pick = sample_indices(N, S)
+                e_order, e_bounds = class_blocks(data.codes[pick], K)
+                early = _MemoryRows(T, e_bounds, pick[e_order])
                 scale = N / S
                 extra["early_stages"] = f"a sample of {S} of the {N} rows, chosen by their index"
                 if lf:
                     sums = scale * early.stats(stage_a, d, second=False)[0]
-                    total_sums = scale * _frame_totals(T[:S], R, scatter=False)[1]
+                    total_sums = scale * _frame_totals(T, R, scatter=False, index=pick)[1]
+                del pick, e_order
             elif lf:
                 sums = rows.stats(stage_a, d, second=False)[0]
-            del prio, rank
         if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
             where = "the public bound"  # too few rows to locate at this budget
         pub = PublicInputs(
@@ -1066,7 +1069,7 @@ class KLCertified(Mechanism):
             budget=budget, radius=R,
             region_radius=region_radius(d, SETTINGS["region_level"]),
             total_scatter=total_scatter, total_sums=total_sums, bound_window=window,
-            public_rows=public_rows, sample_scale=scale,
+            public_rows=public_rows, public_index=public_index, sample_scale=scale,
         )
 
         rel = ADJACENCY_DESCRIPTIONS[relation]
