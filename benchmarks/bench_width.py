@@ -189,7 +189,7 @@ def _document(load: float, header: str, lines: list[str]) -> str:
         "Designs: auto is the default (the design it chose in brackets), gaussian the "
         "Gaussian stages under label flip, replace-one the Gaussian stages under replace-one "
         "with a public box. d = 5000 runs the default design only (each d x d "
-        "decomposition takes about a minute on one core there).\n\n" + header + "\n"
+        "decomposition takes 20 s or more on one core there).\n\n" + header + "\n"
         + "\n".join(lines) + "\n")
 
 
