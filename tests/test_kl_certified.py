@@ -582,7 +582,7 @@ def test_tail_corrections_and_public_shapes_match_their_definitions():
     p = kr.plan(X, y, epsilon=2.0, delta=1e-6, classes=[0, 1, 2], design="gaussian")
     pub = p.public
     first = design.stage_c_design(pub, p.sample(np.random.default_rng(1)))
-    reg, resp, T = first["regions"], first["resp"], pub.public_rows
+    reg, resp, T = first["regions"], first["resp"], design.public_sample(pub)
     E1, E2 = design.tail_corrections(pub, reg, resp)
     shapes = design.public_shapes(pub, resp, first["m1"], first["pooled"])
     scale = pub.n_samples / T.shape[0]

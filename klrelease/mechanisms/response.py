@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._threads import blas_single_thread
 from ..gmm import GMM
 from ..neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ..privacy.guarantee import PureCurve
@@ -135,6 +136,7 @@ class ResponsePlan(Plan):
                                            self.epsilon),
                 "means": 0.0, "covariances": 0.0}
 
+    @blas_single_thread  # per-class Grams and d x d work (see klrelease._threads)
     @quiet
     def finalize(self, output: dict[str, np.ndarray]) -> GMM:
         if not output:  # the source failed during the pass (see sample)

@@ -143,7 +143,15 @@ def debiased_moments(m: ReportedMoments, n_classes: int, epsilon: float):
     p, q = response_probabilities(epsilon, K)
 
     def debias(C):
-        return (C - q * C.sum(axis=0)) / (p - q)
+        # (C - q sum_j C_j) / (p - q), one class at a time (no stack of temporaries)
+        C = np.asarray(C, dtype=float)
+        qs = q * C.sum(axis=0)
+        out = np.empty(C.shape)
+        for k in range(C.shape[0]):
+            o = out[k, ...]
+            np.subtract(C[k, ...], qs, out=o)
+            o /= p - q
+        return out
 
     n, S1, S2 = debias(m.counts), debias(m.sums), debias(m.scatter)
     own = p * (1 - p) / (p - q) ** 2

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..rows import ROW_BLOCK, class_blocks, column_sums
+from ..rows import class_blocks, column_sums, row_block
 
 __all__ = ["ClassMoments", "chunk_moments", "class_sums", "bounded_class_moments",
            "pooled_moments", "sorted_moments", "sorted_bounded_moments", "RowMap"]
@@ -90,18 +90,20 @@ def chunk_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
 def sorted_moments(sorted_rows: np.ndarray, bounds: np.ndarray) -> ClassMoments:
     """The moments of rows grouped by class: class ``k`` is ``sorted_rows[bounds[k]:bounds[k+1]]``
     (:func:`klrelease.rows.class_blocks`). Each class block is summed by one matrix-vector
-    product, then its scatter is accumulated over sub-blocks of :data:`~klrelease.rows.ROW_BLOCK`
-    rows centred on the class mean (the centred copy of a sub-block stays in cache)."""
+    product, then its scatter is accumulated over sub-blocks of
+    :func:`~klrelease.rows.row_block` rows centred on the class mean (the centred copy of a
+    sub-block stays in cache)."""
     sorted_rows = np.asarray(sorted_rows, dtype=np.float64)
     K, d = len(bounds) - 1, sorted_rows.shape[1]
     means, scat = np.zeros((K, d)), np.zeros((K, d, d))
-    C = np.empty((ROW_BLOCK, d))
+    step = row_block(d)
+    C = np.empty((min(step, sorted_rows.shape[0]), d))
     for k in range(K):
         U = sorted_rows[bounds[k]:bounds[k + 1]]
         if U.shape[0]:
             means[k] = column_sums(U) / U.shape[0]
-            for a in range(0, U.shape[0], ROW_BLOCK):
-                Cb = np.subtract(U[a:a + ROW_BLOCK], means[k], out=C[:U.shape[0] - a])
+            for a in range(0, U.shape[0], step):
+                Cb = np.subtract(U[a:a + step], means[k], out=C[:min(step, U.shape[0] - a)])
                 scat[k] += Cb.T @ Cb
     return ClassMoments(np.diff(bounds).astype(float), means, scat)
 
@@ -135,27 +137,29 @@ def bounded_class_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
 @_quiet
 def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
                            fn: Callable[[np.ndarray, int], np.ndarray], second: bool = True,
-                           block: int = ROW_BLOCK, order: np.ndarray | None = None
+                           block: int | None = None, index: np.ndarray | None = None
                            ) -> tuple[np.ndarray, np.ndarray | None]:
     """Per class ``k``: the sum (K, d') and (``second``) the raw second moment ``sum u u^T``
     (K, d', d') of ``u = fn(x, k)`` over the rows ``x`` of class ``k``, i.e.
     ``sorted_rows[bounds[k]:bounds[k+1]]`` (rows grouped by class once,
-    :func:`klrelease.rows.class_blocks`, and reused by every map). With ``order`` (the
-    grouping permutation of ``class_blocks``), ``sorted_rows`` are the rows in their own order
-    and each block is gathered as it is reduced (no grouped copy of the rows).
+    :func:`klrelease.rows.class_blocks`, and reused by every map), or with ``index`` the rows
+    ``sorted_rows[index[bounds[k]:bounds[k+1]]]`` (grouped by an index into rows stored in
+    another order, each block gathered when it is reduced).
 
-    ``fn`` is a per-row map, applied to sub-blocks of ``block`` rows so that its output is
-    reduced (one matrix-vector and one matrix product) while it is in cache. Without
-    ``second`` the second moments are ``None``."""
+    ``fn`` is a per-row map, applied to sub-blocks of ``block`` rows (default
+    :func:`~klrelease.rows.row_block`) so that its output is reduced (one matrix-vector and one
+    matrix product) while it is in cache. Without ``second`` the second moments are ``None``."""
     sorted_rows = np.asarray(sorted_rows, dtype=np.float64)
     K = len(bounds) - 1
+    block = row_block(sorted_rows.shape[1]) if block is None else int(block)
     sums = second_m = None
     for k in range(K):
         for a in range(int(bounds[k]), int(bounds[k + 1]), block):
             b = min(a + block, int(bounds[k + 1]))
-            x = (sorted_rows[a:b] if order is None
-                 else np.take(sorted_rows, order[a:b], axis=0))
-            U = np.asarray(fn(x, k), dtype=np.float64)
+            rows = (sorted_rows[a:b] if index is None
+                    else np.take(sorted_rows, index[a:b], axis=0))
+            U = np.asarray(fn(rows, k), dtype=np.float64)
+            del rows
             if sums is None:
                 sums = np.zeros((K, U.shape[1]))
                 second_m = np.zeros((K, U.shape[1], U.shape[1])) if second else None

@@ -38,10 +38,10 @@ from scipy.linalg import solve_triangular
 from scipy.special import gammaln
 from scipy.stats import chi2
 
-from ...linalg import precision_combine, vech
+from ...linalg import vech
 from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.projections import project_simplex
-from ...rows import ROW_BLOCK, affine_rows, clip_to_norm
+from ...rows import affine_rows, clip_to_norm, row_block
 
 __all__ = [
     "Budget",
@@ -123,14 +123,18 @@ _MEAN_SHARES = np.array([0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 1.0])
 def eig_sym(C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Eigenvalues and eigenvectors of the symmetric part of ``C`` (batched; non-finite
     entries read as 0): decompose once, then :func:`eig_map` as many functions as needed."""
-    C = 0.5 * (C + np.swapaxes(C, -1, -2))
-    C = np.where(np.isfinite(C), C, 0.0)
-    return np.linalg.eigh(C)
+    S = C + np.swapaxes(C, -1, -2)
+    S *= 0.5
+    bad = ~np.isfinite(S)
+    if bad.any():
+        S[bad] = 0.0
+    del bad
+    return np.linalg.eigh(S)
 
 
-def eig_map(w: np.ndarray, V: np.ndarray, fn) -> np.ndarray:
-    """``V fn(w) V^T`` (batched)."""
-    return (V * fn(w)[..., None, :]) @ np.swapaxes(V, -1, -2)
+def eig_map(w: np.ndarray, V: np.ndarray, fn, out: np.ndarray | None = None) -> np.ndarray:
+    """``V fn(w) V^T`` (batched), into ``out`` if given."""
+    return np.matmul(V * fn(w)[..., None, :], np.swapaxes(V, -1, -2), out=out)
 
 
 def eig_apply(C: np.ndarray, fn) -> np.ndarray:
@@ -146,8 +150,30 @@ def symmetric_gaussian(rng: np.random.Generator, sigma: np.ndarray, d: int) -> n
     has whitened norm ``||D||_F / sigma``.
     """
     sigma = np.asarray(sigma, dtype=float)
-    Z = rng.standard_normal(sigma.shape + (d, d)) * sigma[..., None, None]
-    return 0.5 * (Z + np.swapaxes(Z, -1, -2))
+    Z = rng.standard_normal(sigma.shape + (d, d))
+    Z *= sigma[..., None, None]
+    E = Z + np.swapaxes(Z, -1, -2)
+    E *= 0.5
+    return E
+
+
+def add_symmetric_gaussian(rng: np.random.Generator, S: np.ndarray, sigma: np.ndarray,
+                           keep: np.ndarray) -> np.ndarray:
+    """``S + symmetric_gaussian(rng, sigma, d)`` where ``keep`` (per matrix of the stack
+    ``S``), 0 elsewhere, in place in ``S`` one matrix at a time: the same draws from ``rng``
+    (every matrix's, kept or not, in order) and the same values, without a stack of noise."""
+    d = S.shape[-1]
+    Z = np.empty((d, d))
+    for k in range(S.shape[0]):
+        rng.standard_normal(out=Z)
+        if not keep[k]:
+            S[k] = 0.0
+            continue
+        Z *= sigma[k]
+        E = Z + Z.T
+        E *= 0.5
+        S[k] += E
+    return S
 
 
 def symmetric_gaussian_logpdf(E: np.ndarray, sigma: np.ndarray) -> np.ndarray:
@@ -186,6 +212,17 @@ class Frame:
 
     def cov_to_raw(self, C: np.ndarray) -> np.ndarray:
         return self.W_inv.T @ C @ self.W_inv
+
+    def covs_to_raw(self, C: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`cov_to_raw` of a stack of matrices, symmetrised (``(R + R^T) / 2``), one
+        matrix at a time, into ``out`` (which may be ``C``)."""
+        out = np.empty(C.shape) if out is None else out
+        for k in range(C.shape[0]):
+            R = self.W_inv.T @ C[k] @ self.W_inv
+            np.add(R, R.T, out=out[k])
+            del R
+            out[k] *= 0.5
+        return out
 
 
 @dataclass(frozen=True)
@@ -270,6 +307,9 @@ class PublicInputs:
     total_sums: np.ndarray | None = None
     #: label flip: a sample of the (public) rows in the frame
     public_rows: np.ndarray | None = None
+    #: when given, the sample is ``public_rows[public_index]`` (rows kept in another order,
+    #: read through the index: :func:`public_sample`)
+    public_index: np.ndarray | None = None
     settings: dict = field(default_factory=lambda: dict(SETTINGS))
     #: replace-one, once located: the bound's frame composed with the located frame
     located: object = None
@@ -383,10 +423,6 @@ def flip_radius(norms: np.ndarray, n_samples: int, n_classes: int, d: int, sens:
 # ------------------------------------------------------------------------- stage A: centres
 
 
-def _outer(a: np.ndarray) -> np.ndarray:
-    return np.einsum("...i,...j->...ij", a, a)
-
-
 def robust_counts(pub: PublicInputs, counts: np.ndarray) -> np.ndarray:
     """Released counts as divisors: projected onto sum N (label flip; N is public under both
     relations), then at least ``count_floor`` noise sd and 2 (a tiny or negative noisy count
@@ -409,8 +445,31 @@ def centres(pub: PublicInputs, counts: np.ndarray, sums: np.ndarray):
         S = S - (S.sum(axis=0) - pub.total_sums) / K
     n = robust_counts(pub, counts)
     m = S / n[:, None]
-    cov = (pub.sums_sd**2 * np.eye(d)[None] + pub.count_sd**2 * _outer(m)) / n[:, None, None] ** 2
+    # (s_A^2 I + s_n^2 m_k m_k^T) / n_k^2, one class at a time
+    a, b = pub.sums_sd**2, pub.count_sd**2
+    n2 = n**2
+    cov = np.empty((K, d, d))
+    for k in range(K):
+        c = np.multiply.outer(m[k], m[k], out=cov[k])
+        c *= b
+        c.flat[::d + 1] += a
+        c /= n2[k]
     return n, m, cov
+
+
+def _between(n: np.ndarray, a: np.ndarray, C: np.ndarray | None = None) -> np.ndarray:
+    """``sum_k n_k (a_k a_k^T - C_k)`` (``C_k = 0`` without ``C``), one class at a time (the
+    terms and their order of an ``einsum`` over a stack of them, without the stack)."""
+    d = a.shape[1]
+    out = np.zeros((d, d))
+    t = np.empty((d, d))
+    for k in range(a.shape[0]):
+        np.multiply.outer(a[k], a[k], out=t)
+        if C is not None:
+            t -= C[k]
+        t *= n[k]
+        out += t
+    return out
 
 
 def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
@@ -432,14 +491,13 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     N, K = pub.n_samples, pub.n_classes
     dof = max(N - K, 1)
     if pub.label_flip:
-        between = np.einsum("k,kij->ij", n, _outer(means) - means_cov)
-        P = (pub.total_scatter - between) / dof
+        P = (pub.total_scatter - _between(n, means, means_cov)) / dof
         quad = np.einsum("ki,kij,kj->k", means, means_cov, means)
         err = np.sqrt(np.sum(n**2 * (4 * quad + np.trace(means_cov, axis1=1, axis2=2) ** 2)))
         err /= dof
     else:
         shift = means - scatter_centres
-        P = (scatter - np.einsum("k,kij->ij", n, _outer(shift) - means_cov)) / dof
+        P = (scatter - _between(n, shift, means_cov)) / dof
         # the spectral norm of the symmetric Gaussian noise: about sigma sqrt(2 d)
         err = pub.scatter_sd * np.sqrt(2.0 * pub.n_features) / dof
     w, V = eig_sym(P)
@@ -468,9 +526,33 @@ class Regions:
     centres: np.ndarray  # (K, d)
     W: np.ndarray  # (K, d, d) symmetric
     W_inv: np.ndarray  # (K, d, d) = shape^(1/2)
-    shape: np.ndarray  # (K, d, d) = W_inv^2, the region's covariance-like shape
+    #: (K, d, d) = W_inv^2, the region's covariance-like shape; ``None``: not stored, each
+    #: class's computed when needed (:meth:`shape_of`)
+    shape: np.ndarray | None
     is_global: np.ndarray  # (K,) bool: the stage-A ball was cheaper for this class
     radius: np.ndarray  # (K,) clipping radius in the region's coordinates
+
+    def shape_of(self, k: int) -> np.ndarray:
+        """Class ``k``'s shape ``W_inv_k^2``."""
+        return self.W_inv[k] @ self.W_inv[k] if self.shape is None else self.shape[k]
+
+
+def public_sample(pub: PublicInputs, rows: np.ndarray | None = None) -> np.ndarray | None:
+    """The public row sample (label flip; ``None`` under replace-one), or its rows at the
+    positions ``rows``: ``public_rows``, read through ``public_index`` when there is one."""
+    T, index = pub.public_rows, getattr(pub, "public_index", None)
+    if T is None:
+        return None
+    if rows is None:
+        return T if index is None else np.take(T, index, axis=0)
+    return np.take(T, rows if index is None else index[rows], axis=0)
+
+
+def _public_count(pub: PublicInputs) -> int:
+    index = getattr(pub, "public_index", None)
+    if pub.public_rows is None:
+        return 0
+    return (pub.public_rows if index is None else index).shape[0]
 
 
 #: Public rows whose posterior for a class is at most this add nothing to its shape or tail
@@ -485,14 +567,18 @@ def responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     (weights from the released counts, released means, the pooled covariance shared), shape
     ``(m, K)`` for the ``m`` sampled rows; ``None`` under replace-one (the rows are private).
     Post-processing of released values and public features."""
-    T = pub.public_rows
-    if T is None or T.shape[0] == 0:
+    if _public_count(pub) == 0:
         return None
+    T = pub.public_rows
     P = 0.5 * (pooled + pooled.T)
     Pinv = np.linalg.inv(P)
+    del P
     lw = np.log(np.maximum(n / n.sum(), 1e-300))
     c = 0.5 * np.einsum("ki,ij,kj->k", means, Pinv, means)
-    logit = T @ (Pinv @ means.T) - c[None, :] + lw[None, :]
+    logit = T @ (Pinv @ means.T)  # every stored row: row by row the same products
+    if getattr(pub, "public_index", None) is not None:
+        logit = logit[pub.public_index]
+    logit = logit - c[None, :] + lw[None, :]
     logit -= logit.max(axis=1, keepdims=True)
     R = np.exp(logit)
     return R / R.sum(axis=1, keepdims=True)
@@ -505,9 +591,9 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     rows of its own shape when the shapes differ (the pooled one of :func:`responsibilities`
     hands far rows of one class to another at any budget). ``fallback`` where a covariance
     has no Cholesky factor. Post-processing of released values and public features."""
-    T = pub.public_rows
-    if T is None or T.shape[0] == 0:
+    if _public_count(pub) == 0:
         return None
+    T = pub.public_rows  # every stored row: row by row the same values
     lw = np.log(np.maximum(n / n.sum(), 1e-300))
     L = np.empty((T.shape[0], len(n)))
     try:
@@ -515,8 +601,11 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
             ch = np.linalg.cholesky(0.5 * (covs[k] + covs[k].T))
             z = solve_triangular(ch, (T - means[k]).T, lower=True, check_finite=False)
             L[:, k] = lw[k] - np.log(np.diag(ch)).sum() - 0.5 * np.einsum("ij,ij->j", z, z)
+            del z
     except np.linalg.LinAlgError:
         return fallback
+    if getattr(pub, "public_index", None) is not None:
+        L = L[pub.public_index]
     if not np.all(np.isfinite(L)):
         return fallback
     L -= L.max(axis=1, keepdims=True)
@@ -531,20 +620,34 @@ def public_shapes(pub: PublicInputs, resp: np.ndarray | None, means: np.ndarray,
     """
     if resp is None:
         return None
-    T = pub.public_rows
     K, d = pub.n_classes, pub.n_features
-    w = resp.sum(axis=0)
     out = np.empty((K, d, d))
     for k in range(K):
-        on = np.flatnonzero(resp[:, k] > NEGLIGIBLE_POSTERIOR)
-        S = np.zeros((d, d))
-        for a in range(0, on.size, ROW_BLOCK):  # in blocks of rows: bounded memory
-            b = on[a:a + ROW_BLOCK]
-            A = (T[b] - means[k]) * np.sqrt(resp[b, k:k + 1])
-            S += A.T @ A  # a Gram of one array: a symmetric rank-k update
-        S /= max(w[k], 1e-300)
-        out[k] = 0.5 * (S + S.T) + 1e-3 * pooled
+        public_shape(pub, resp, means, pooled, k, out=out[k])
     return out
+
+
+def public_shape(pub: PublicInputs, resp: np.ndarray, means: np.ndarray, pooled: np.ndarray,
+                 k: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Class ``k`` of :func:`public_shapes` (into ``out``)."""
+    d = pub.n_features
+    w = resp.sum(axis=0)[k]  # (the column sums as public_shapes takes them: the same rounding)
+    step = row_block(d)
+    on = np.flatnonzero(resp[:, k] > NEGLIGIBLE_POSTERIOR)
+    S = np.zeros((d, d))
+    for a in range(0, on.size, step):  # in blocks of rows: bounded memory
+        b = on[a:a + step]
+        A = public_sample(pub, b)
+        A -= means[k]
+        A *= np.sqrt(resp[b, k:k + 1])
+        S += A.T @ A  # a Gram of one array: a symmetric rank-k update
+        del A
+    S /= max(w, 1e-300)
+    o = np.add(S, S.T, out=out)
+    del S
+    o *= 0.5
+    o += 1e-3 * pooled
+    return o
 
 
 def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
@@ -553,19 +656,21 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     from the row sample to N rows). Added to the released moments, it replaces the Gaussian
     clip factors: a heavy tail that the clip cut is put back where the public rows say it is.
     """
-    T = pub.public_rows
     K, d = pub.n_classes, pub.n_features
-    scale = pub.n_samples / T.shape[0]
+    scale = pub.n_samples / _public_count(pub)
     E1, E2 = np.zeros((K, d)), np.zeros((K, d, d))
+    step = row_block(d)
     for k in range(K):
         on = np.flatnonzero(resp[:, k] > NEGLIGIBLE_POSTERIOR)
-        every = on.size == T.shape[0]
         # rows well inside the ball are their own clip: only the others are clipped (a
         # superset of the rows that move)
         inside = (reg.radius[k] * (1.0 - 1e-9)) ** 2
-        for a in range(0, on.size, ROW_BLOCK):  # in blocks of rows: bounded memory
-            b = on[a:a + ROW_BLOCK]
-            U = ((T[a:a + ROW_BLOCK] if every else T[b]) - reg.centres[k]) @ reg.W[k]
+        for a in range(0, on.size, step):  # in blocks of rows: bounded memory
+            b = on[a:a + step]
+            D = public_sample(pub, b)
+            D -= reg.centres[k]
+            U = D @ reg.W[k]
+            del D
             near = np.flatnonzero(np.einsum("ij,ij->i", U, U) > inside)
             U = U[near]
             V = clip_to_norm(U, reg.radius[k])
@@ -593,24 +698,29 @@ def regions(pub: PublicInputs, centre: np.ndarray, centre_cov: np.ndarray,
     """
     K, d = pub.n_classes, pub.n_features
     r, R = np.asarray(radius, dtype=float), pub.radius
-    base = pooled if shapes is None else shapes
-    shape = np.broadcast_to(base, (K, d, d)) + centre_cov
+    base = np.broadcast_to(pooled if shapes is None else shapes, (K, d, d))
+
+    def shape_of(k: int) -> np.ndarray:  # one class's shape at a time, not a stack of them
+        return base[k] + centre_cov[k]
+
     if allow_global:
         Pinv = np.linalg.inv(pooled)
-        cost = r**2 * np.einsum("ij,kji->k", Pinv, shape)
+        cost = r**2 * np.array([np.einsum("ij,ji->", Pinv, shape_of(k)) for k in range(K)])
         glob = ~(cost < R**2 * np.trace(Pinv))  # NaN-safe: non-finite cost -> global
+        del Pinv
     else:
-        glob = ~np.all(np.isfinite(shape), axis=(1, 2))
-    shape = np.where(glob[:, None, None], (R / r)[:, None, None] ** 2 * np.eye(d)[None], shape)
+        glob = np.array([not np.all(np.isfinite(shape_of(k))) for k in range(K)], dtype=bool)
     ctr = np.where(glob[:, None], 0.0, centre)
     W, W_inv = np.empty((K, d, d)), np.empty((K, d, d))
     for k in range(K):
-        w, V = eig_sym(shape[k])
+        shape = ((R / r) ** 2)[k] * np.eye(d) if glob[k] else shape_of(k)
+        w, V = eig_sym(shape)
+        del shape
         top = float(w[-1])
         w = np.maximum(w, 1e-12 * (top if np.isfinite(top) and top > 0 else 1.0))
-        W[k] = eig_map(w, V, lambda w: 1 / np.sqrt(w))
-        W_inv[k] = eig_map(w, V, np.sqrt)
-    return Regions(ctr, W, W_inv, W_inv @ W_inv, glob, r)
+        eig_map(w, V, lambda w: 1 / np.sqrt(w), out=W[k])
+        eig_map(w, V, np.sqrt, out=W_inv[k])
+    return Regions(ctr, W, W_inv, None, glob, r)
 
 
 def allocate_pairwise(costs: np.ndarray, total: float, label_flip: bool) -> np.ndarray:
@@ -777,7 +887,27 @@ def _centred_moments(sums: np.ndarray, scatter: np.ndarray, n: np.ndarray, k: in
     """Class ``k``'s released second moments about its released mean, divided by ``divisor``
     (its degrees of freedom times the clip's public factor)."""
     u = sums[k] / n[k]
-    return (scatter[k] - n[k] * np.outer(u, u)) / divisor
+    C = np.outer(u, u)
+    C *= n[k]
+    np.subtract(scatter[k], C, out=C)
+    C /= divisor
+    return C
+
+
+def _distance_sq(A: np.ndarray, B: np.ndarray) -> float:
+    """``sum((A - B)^2)`` with one temporary."""
+    D = A - B
+    D *= D
+    return float(np.sum(D))
+
+
+def _blend(C: np.ndarray, T: np.ndarray, a: float, out: np.ndarray | None = None
+           ) -> np.ndarray:
+    """``(1 - a) C + a T`` (into ``out``, which may be ``C``)."""
+    out = np.multiply(C, 1 - a, out=out)
+    aT = a * T
+    out += aT
+    return out
 
 
 def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: np.ndarray,
@@ -803,13 +933,13 @@ def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: 
     C = _centred_moments(sums, scatter, n, k, dof * g)
     sd = noise.cov_sd[k] / (dof * g)
     nu = sd**2 * d * (d + 1) / 2
-    dist = float(np.sum((C - T) ** 2))
+    dist = _distance_sq(C, T)
     if alt is not None:  # the closer target, beyond its own noise
-        d_alt = float(np.sum((C - alt[0]) ** 2))
+        d_alt = _distance_sq(C, alt[0])
         if np.isfinite(d_alt) and d_alt - alt[1] < dist:
             T, dist = alt[0], d_alt
     a = min(1.0, nu / dist) if dist > 0 and np.isfinite(dist) else 1.0
-    C = (1 - a) * C + a * T
+    C = _blend(C, T, a, out=C)
     # the floor falls with the noise (the spectral scale of the released noise)
     floor = min(floor, s["noise_floor"] * sd * np.sqrt(2.0 * d))
     floor = max(floor, 1e-12 * max(float(np.abs(np.diag(T)).max()), 1e-300))
@@ -844,7 +974,7 @@ def pooled_energy(reg: Regions, w: np.ndarray, sd: np.ndarray, k: int) -> float:
 
 def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.ndarray,
                       sums: np.ndarray, scatter: np.ndarray, targets: np.ndarray,
-                      corrected: bool = False) -> np.ndarray:
+                      corrected: bool = False, out: np.ndarray | None = None) -> np.ndarray:
     """Every class's covariance (frame units) from one round (post-processing).
 
     Each class is :func:`class_covariance` in its region's coordinates. Under replace-one
@@ -857,9 +987,11 @@ def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.
     and a class whose second moments were not released takes the pooled one. Where the noise of
     one class's second moments is large the pooled estimate, with about ``1 / K`` of its noise,
     keeps the classes' covariances alike (a release whose classes differ only by noise
-    classifies poorly); as the noise falls each class keeps its own."""
+    classifies poorly); as the noise falls each class keeps its own.
+
+    One class at a time; ``out`` may be ``targets`` itself (class ``k``'s result is written
+    once its target is no longer read)."""
     K, d = pub.n_classes, pub.n_features
-    local = reg.W @ targets @ reg.W  # the targets in each class's region
     released = np.isfinite(noise.cov_sd)
     g = np.ones(K) if corrected else clip_factors(noise.radius, d)[1]
     dof = np.maximum(n - 1.0, 1.0)
@@ -872,10 +1004,16 @@ def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.
         for k in np.flatnonzero(released):
             C = _centred_moments(sums, scatter, n, k, dof[k] * g[k])
             F += w[k] * (reg.W_inv[k] @ C @ reg.W_inv[k])
+            del C
         pooled = (F, w)
-    out = np.empty((K, d, d))
+        if reg.shape is None:  # every pair of classes reads the shapes: computed once each
+            shapes = np.empty((K, d, d))
+            for j in range(K):
+                np.matmul(reg.W_inv[j], reg.W_inv[j], out=shapes[j])
+            reg = replace(reg, shape=shapes)
+    out = np.empty((K, d, d)) if out is None else out
     for k in range(K):
-        T = local[k]
+        T = reg.W[k] @ targets[k] @ reg.W[k]  # the target in the class's region
         alt = None
         if pooled is not None:
             F, w = pooled
@@ -884,8 +1022,10 @@ def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.
             dist = float(np.sum((Q - T) ** 2))
             a0 = min(1.0, nu_q / dist) if dist > 0 and np.isfinite(dist) else 1.0
             alt = ((1 - a0) * Q + a0 * T, (1 - a0) ** 2 * nu_q)
-        out[k] = reg.W_inv[k] @ class_covariance(pub, noise, n, sums, scatter, T, k, corrected,
-                                                 alt) @ reg.W_inv[k]
+        C = class_covariance(pub, noise, n, sums, scatter, T, k, corrected, alt)
+        del T, alt
+        np.matmul(reg.W_inv[k] @ C, reg.W_inv[k], out=out[k])
+        del C
     return out
 
 
@@ -904,22 +1044,64 @@ def released_weights(counts, N: int, K: int) -> np.ndarray:
     return w / w.sum()
 
 
+def _region_centres(reg: Regions, n: np.ndarray, sums: np.ndarray, d: int,
+                    corrected: bool = False) -> np.ndarray:
+    """Class means (frame units) from a round's released sums."""
+    h = np.ones(len(n)) if corrected else clip_factors(reg.radius, d)[0]
+    # corrected for the public shrink factor of the clip (Gaussian classes)
+    return reg.centres + np.einsum("kji,kj->ki", reg.W_inv, sums / (n * h)[:, None])
+
+
+def _region_mean_scales(reg: Regions, noise: ClassNoise, n: np.ndarray, d: int,
+                        corrected: bool = False) -> np.ndarray:
+    """``c_k``: the noise covariance of :func:`_region_centres`'s class ``k`` is
+    ``c_k shape_k``."""
+    h = np.ones(len(n)) if corrected else clip_factors(reg.radius, d)[0]
+    return noise.mean_sd**2 / (n * h) ** 2
+
+
 def _region_means(reg: Regions, noise: ClassNoise, n: np.ndarray, sums: np.ndarray, d: int,
                   corrected: bool = False):
     """Class means (frame units) from a round's released sums and the noise covariance."""
+    m = _region_centres(reg, n, sums, d, corrected)
+    c = _region_mean_scales(reg, noise, n, d, corrected)
+    return m, np.stack([c[k] * reg.shape_of(k) for k in range(len(n))])
+
+
+def _region_precision_scales(reg: Regions, noise: ClassNoise, n: np.ndarray, d: int,
+                             corrected: bool = False) -> np.ndarray:
+    """``1 / c_k`` of :func:`_region_mean_scales`: class ``k``'s precision is that times
+    ``W_k^2``."""
     h = np.ones(len(n)) if corrected else clip_factors(reg.radius, d)[0]
-    # corrected for the public shrink factor of the clip (Gaussian classes)
-    m = reg.centres + np.einsum("kji,kj->ki", reg.W_inv, sums / (n * h)[:, None])
-    C = (noise.mean_sd**2 / (n * h) ** 2)[:, None, None] * reg.shape
-    return m, C
+    return (n * h) ** 2 / noise.mean_sd**2
+
+
+def _region_precision(reg: Regions, scales: np.ndarray, k: int) -> np.ndarray:
+    A = reg.W[k] @ reg.W[k]
+    A *= scales[k]
+    return A
 
 
 def _region_precisions(reg: Regions, noise: ClassNoise, n: np.ndarray, d: int,
                        corrected: bool = False) -> np.ndarray:
     """The inverses of :func:`_region_means`'s noise covariances, ``c_k shape_k`` with
     ``shape_k = W_k^-2``: ``W_k^2 / c_k``, from the regions' own square roots."""
-    h = np.ones(len(n)) if corrected else clip_factors(reg.radius, d)[0]
-    return ((n * h) ** 2 / noise.mean_sd**2)[:, None, None] * (reg.W @ reg.W)
+    f = _region_precision_scales(reg, noise, n, d, corrected)
+    return np.stack([_region_precision(reg, f, k) for k in range(len(n))])
+
+
+def _centre_precision(pub: PublicInputs, n: np.ndarray, m: np.ndarray, C: np.ndarray,
+                      mm: np.ndarray, k: int) -> np.ndarray:
+    """Class ``k`` of :func:`_centre_precisions` (``mm``: the squared norms of ``m``)."""
+    a, b = pub.sums_sd**2, pub.count_sd**2
+    if not (b * mm[k] <= 1e12 * a):
+        return np.linalg.pinv(C[k], hermitian=True)
+    A = np.multiply.outer(m[k], m[k])
+    A *= (b / (a + b * mm))[k]
+    np.negative(A, out=A)
+    A.flat[::A.shape[0] + 1] += 1.0  # I - that
+    A *= (n**2 / a)[k]
+    return A
 
 
 def _centre_precisions(pub: PublicInputs, n: np.ndarray, m: np.ndarray,
@@ -928,13 +1110,8 @@ def _centre_precisions(pub: PublicInputs, n: np.ndarray, m: np.ndarray,
     (``a = s_A^2``, ``b = s_n^2``), by Sherman-Morrison: ``(n_k^2 / a) (I - b m_k m_k^T /
     (a + b ||m_k||^2))``; the pseudo-inverse of ``C_k`` where its condition number is too large
     for the closed form to be the same."""
-    a, b = pub.sums_sd**2, pub.count_sd**2
     mm = np.einsum("ki,ki->k", m, m)
-    A = (n**2 / a)[:, None, None] * (np.eye(m.shape[1])[None]
-                                     - (b / (a + b * mm))[:, None, None] * _outer(m))
-    for k in np.flatnonzero(~(b * mm <= 1e12 * a)):
-        A[k] = np.linalg.pinv(C[k], hermitian=True)
-    return A
+    return np.stack([_centre_precision(pub, n, m, C, mm, k) for k in range(len(n))])
 
 
 def _sampling_cov(c: float, n: np.ndarray, cov: np.ndarray) -> np.ndarray:
@@ -942,6 +1119,24 @@ def _sampling_cov(c: float, n: np.ndarray, cov: np.ndarray) -> np.ndarray:
     rows of a class of covariance ``cov`` (released or public estimates): what a stage on the
     sample adds to its noise, so that a later stage on every row gets the weight it should."""
     return (c / np.maximum(n, 1.0))[:, None, None] * cov
+
+
+def _combine(m1: np.ndarray, m2: np.ndarray, C1=None, C2=None, A1=None, A2=None,
+             want_cov: bool = True):
+    """One class of :func:`klrelease.linalg.precision_combine` (the same operations):
+    ``(m, C)`` with ``C = (C1^+ + C2^+)^+`` symmetrised (``None`` without ``want_cov``), each
+    precision ``A1``, ``A2`` given or the pseudo-inverse of its covariance."""
+    A1 = np.linalg.pinv(C1, hermitian=True) if A1 is None else A1
+    A2 = np.linalg.pinv(C2, hermitian=True) if A2 is None else A2
+    S = A1 + A2
+    C = np.linalg.pinv(S, hermitian=True)
+    del S
+    m = np.einsum("ij,j->i", C, np.einsum("ij,j->i", A1, m1) + np.einsum("ij,j->i", A2, m2))
+    if not want_cov:
+        return m, None
+    Cs = C + C.T
+    Cs *= 0.5
+    return m, Cs
 
 
 def _pooled(pub: PublicInputs, output: dict, n, means, means_cov, m1,
@@ -957,7 +1152,11 @@ def stage_c_design(pub: PublicInputs, output: dict) -> dict:
     B (and whether a second round follows)."""
     n, m1, C1 = centres(pub, output["counts"], output["sums"])
     shares = round_shares(pub, n)
-    P, covering = _pooled(pub, output, n, m1, C1, m1, cover="both")
+    # the covering shape only when a second round follows (one decomposition either way)
+    if len(shares) > 1:
+        P, covering = _pooled(pub, output, n, m1, C1, m1, cover="both")
+    else:
+        P, covering = _pooled(pub, output, n, m1, C1, m1), None
     # the first of two rounds reads the public subset (statistics and noise scaled by c):
     # designed for the counts it holds, about n / c; a single round reads every row
     c = pub.sample_scale if len(shares) > 1 else 1.0
@@ -970,6 +1169,7 @@ def stage_c_design(pub: PublicInputs, output: dict) -> dict:
     # must cover the class, so their pooled shape is not lowered (a lowered one clips most rows
     # where the noise hides the smaller eigenvalues, and biases the second round's shapes)
     reg = regions(pub, m1, C1, covering if len(shares) > 1 else P, noise.radius)
+    del covering
     resp = responsibilities(pub, n, m1, P)
     return {"n": n, "m1": m1, "C1": C1, "pooled": P, "regions": reg, "noise": noise,
             "shares": shares, "resp": resp, "scale": c}
@@ -977,27 +1177,48 @@ def stage_c_design(pub: PublicInputs, output: dict) -> dict:
 
 def _first_round(pub: PublicInputs, output: dict, first: dict):
     """Means (frame), their noise covariance, the pooled covariance and the class covariances
-    (frame) after the first round."""
+    (frame) after the first round. One class at a time: the precisions and covariances of
+    the combination are d x d matrices of one class, never a stack of them."""
     d, K = pub.n_features, pub.n_classes
     n, reg, noise = first["n"], first["regions"], first["noise"]
     S1, S2, corr = _corrected(pub, reg, first["resp"], output, "")
-    m2, C2 = _region_means(reg, noise, n, S1, d, corr)
-    C1, A1 = first["C1"], _centre_precisions(pub, n, first["m1"], first["C1"])
-    A2 = _region_precisions(reg, noise, n, d, corr)
+    m1, C1 = first["m1"], first["C1"]
+    m2 = _region_centres(reg, n, S1, d, corr)
     c = pub.sample_scale
-    if c > 1:  # stage A read the sample: its centres carry the sample's own error too
-        C1, A1 = C1 + _sampling_cov(c, n, first["pooled"][None]), None
-        if first["scale"] > 1:  # and so did this round
-            C2, A2 = C2 + _sampling_cov(c, n, first["pooled"][None]), None
-    means, Cm = precision_combine(first["m1"], C1, m2, C2, A1, A2)
-    P = _pooled(pub, output, n, means, Cm, first["m1"])
+    # stage A read the sample: its centres carry the sample's own error too (and so did this
+    # round, when it read the sample): those precisions are pseudo-inverses, the others in
+    # closed form
+    sampled_a, sampled_c = c > 1, c > 1 and first["scale"] > 1
+    mm = np.einsum("ki,ki->k", m1, m1)
+    f2 = _region_precision_scales(reg, noise, n, d, corr)
+    c2 = _region_mean_scales(reg, noise, n, d, corr)
+    extra = (c / np.maximum(n, 1.0))  # _sampling_cov's factor
+    means, Cm = np.empty((K, d)), np.empty((K, d, d))
+    for k in range(K):
+        if sampled_a:
+            C1k = extra[k] * first["pooled"]
+            C1k += C1[k]
+            A1k = None
+        else:
+            C1k, A1k = C1[k], _centre_precision(pub, n, m1, C1, mm, k)
+        if sampled_c:
+            C2k = c2[k] * reg.shape_of(k)
+            C2k += extra[k] * first["pooled"]
+            A2k = None
+        else:
+            C2k, A2k = None, _region_precision(reg, f2, k)
+        means[k], Cm[k] = _combine(m1[k], m2[k], C1k, C2k, A1k, A2k)
+        del C1k, A1k, C2k, A2k
+    P = _pooled(pub, output, n, means, Cm, m1)
     shapes = public_shapes(pub, responsibilities(pub, n, means, P), means, P)
     # the public class shape is the target of a class whose second moments were released;
     # one that was not keeps the pooled covariance (robust when the released means are rough)
     if shapes is not None:
-        shapes = np.where(np.isfinite(noise.cov_sd)[:, None, None], shapes, P[None])
+        for k in np.flatnonzero(~np.isfinite(noise.cov_sd)):
+            shapes[k] = P
     targets = np.broadcast_to(P if shapes is None else shapes, (K, d, d))
-    covs = class_covariances(pub, reg, noise, n, S1, S2, targets, corr)
+    # the covariances in place of the public shapes (each read only for its own class)
+    covs = class_covariances(pub, reg, noise, n, S1, S2, targets, corr, out=shapes)
     return means, Cm, P, covs
 
 
@@ -1009,7 +1230,9 @@ def _corrected(pub: PublicInputs, reg: Regions, resp, output: dict, suffix: str)
     if resp is None:
         return S1, S2, False
     E1, E2 = tail_corrections(pub, reg, resp)
-    return S1 + E1, S2 + E2, True
+    E1 += S1
+    E2 += S2
+    return E1, E2, True
 
 
 def _at_least(C: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -1018,8 +1241,13 @@ def _at_least(C: np.ndarray, B: np.ndarray) -> np.ndarray:
     w, V = eig_sym(B)
     Bh = eig_map(w, V, lambda w: np.sqrt(np.maximum(w, 1e-300)))
     Bih = eig_map(w, V, lambda w: 1 / np.sqrt(np.maximum(w, 1e-300)))
-    return np.stack([Bh @ eig_apply(Bih @ c @ Bih, lambda w: np.maximum(w, 1.0)) @ Bh
-                     for c in C])
+    del V
+    out = np.empty(C.shape)
+    for k in range(C.shape[0]):
+        M = eig_apply(Bih @ C[k] @ Bih, lambda w: np.maximum(w, 1.0))
+        np.matmul(Bh @ M, Bh, out=out[k])
+        del M
+    return out
 
 
 def round_two_design(pub: PublicInputs, output: dict, first: dict | None = None) -> dict:
@@ -1030,7 +1258,9 @@ def round_two_design(pub: PublicInputs, output: dict, first: dict | None = None)
     n = first["n"]
     means, Cm, P, covs = _first_round(pub, output, first)
     if first["scale"] > 1:  # the first round read the sample: its means keep its error
-        Cm = Cm + _sampling_cov(first["scale"], n, covs)
+        f = first["scale"] / np.maximum(n, 1.0)  # _sampling_cov's factor
+        for k in range(Cm.shape[0]):
+            Cm[k] += f[k] * covs[k]
     d = pub.n_features
     energy = covariance_energy(first["noise"], n, d)
     energy = np.where(np.isfinite(energy), energy, pub.settings["prior_divergence"] * d)
@@ -1039,6 +1269,7 @@ def round_two_design(pub: PublicInputs, output: dict, first: dict | None = None)
     if pub.settings.get("round_cover", 0.0) > 0:
         shapes = _at_least(covs, pub.settings["round_cover"] * first["pooled"])
     reg = regions(pub, means, Cm, shapes, noise.radius, allow_global=False)
+    del shapes
     return {"n": n, "means": means, "means_cov": Cm, "pooled": P, "covs": covs,
             "regions": reg, "noise": noise}
 
@@ -1064,17 +1295,21 @@ def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
         # first round's class covariances (the pooled one's error does not fall with the noise)
         resp = class_responsibilities(pub, n, second["means"], second["covs"], first["resp"])
         S1, S2, corr = _corrected(pub, reg, resp, output, "_2")
-        m3, C3 = _region_means(reg, noise, n, S1, d, corr)
-        means, _ = precision_combine(second["means"], second["means_cov"], m3, C3,
-                                     A2=_region_precisions(reg, noise, n, d, corr))
+        m3 = _region_centres(reg, n, S1, d, corr)
+        f3 = _region_precision_scales(reg, noise, n, d, corr)
+        mean_2, cov_2 = second["means"], second["means_cov"]
+        means = np.empty((K, d))
+        for k in range(K):
+            means[k] = _combine(mean_2[k], m3[k], C1=cov_2[k],
+                                A2=_region_precision(reg, f3, k), want_cov=False)[0]
         covs = class_covariances(pub, reg, noise, n, S1, S2, second["covs"], corr)
+        del S1, S2
     weights = released_weights(output["counts"], N, K)
     fr = pub.frame
     raw_means = fr.mean_to_raw(means)
-    raw_covs = fr.cov_to_raw(covs)
-    # positive definite by construction (floored in the class frame, mapped by congruence)
-    raw_covs = 0.5 * (raw_covs + np.swapaxes(raw_covs, -1, -2))
-    return weights, raw_means, raw_covs
+    # positive definite by construction (floored in the class frame, mapped by congruence);
+    # mapped and symmetrised in place, one class at a time
+    return weights, raw_means, fr.covs_to_raw(covs, out=covs)
 
 
 def gaussian_logpdf(x: np.ndarray, sd) -> float:
@@ -1088,7 +1323,8 @@ def gaussian_logpdf(x: np.ndarray, sd) -> float:
 
 def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int,
                       frame: Frame, public_rows: np.ndarray | None,
-                      settings: dict | None = None) -> tuple[np.ndarray, ...]:
+                      settings: dict | None = None,
+                      public_index: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """Weights, means and covariances (raw units) from randomized response's reported moments
     in the public frame (post-processing of the reported labels and the public features).
 
@@ -1102,6 +1338,9 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
     is below one (most draws then move none: the noise is rare, not small): a level that falls
     with that noise. As epsilon grows the noise, the shrinkage and the floor vanish: the
     release becomes the non-private fit.
+
+    ``public_rows`` is the public row sample in the frame, or with ``public_index`` the rows
+    it is read from (the sample is ``public_rows[public_index]``).
     """
     from ...privacy.response import debiased_moments, response_probabilities
 
@@ -1113,17 +1352,28 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
     nn = np.maximum(n, 2.0)
     mu = S1 / nn[:, None]
     dof = nn - 1.0
-    C = (S2 - nn[:, None, None] * _outer(mu)) / dof[:, None, None]
-    C = 0.5 * (C + np.swapaxes(C, -1, -2))
     total = S2.sum(axis=0)  # the public scatter of all rows, exactly
-    P = (total - np.einsum("k,kij->ij", nn, _outer(mu))) / max(N - K, 1)
+    P = (total - _between(nn, mu)) / max(N - K, 1)
+    del total
     P = eig_apply(P, lambda v: np.maximum(v, 1e-12 * max(float(np.max(v)), 1e-300)))
+    # the class covariances in place of the debiased second moments (S2 is this function's
+    # own array), one class at a time
+    C = S2
+    for k in range(K):
+        t = np.multiply.outer(mu[k], mu[k])
+        t *= nn[k]
+        C[k] -= t
+        C[k] /= dof[k]
+        np.add(C[k], C[k].T, out=t)
+        t *= 0.5
+        C[k] = t
+        del t
     pub = PublicInputs(relation="label-flip", n_samples=N, n_classes=K, n_features=d,
                        frame=frame, budget=None, radius=0.0, region_radius=0.0,
-                       public_rows=public_rows)
-    targets = public_shapes(pub, responsibilities(pub, nn, mu, P), mu, P)
-    if targets is None:
-        targets = np.broadcast_to(P, (K, d, d))
+                       public_rows=public_rows, public_index=public_index)
+    # the public class shape of each class (the pooled covariance where there is none), one
+    # class at a time
+    resp = responsibilities(pub, nn, mu, P)
     nu = energy(mu) / dof**2  # expected ||noise||_F^2 of each class covariance
     # the expected number of rows whose report moves a class's moments (its own rows reported
     # elsewhere, the others' reported in it): below one, most draws move none
@@ -1132,21 +1382,26 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
     # James-Stein: (p - 2) sigma^2 / distance^2 with p = d(d+1)/2 free entries, nu = p sigma^2
     free = d * (d + 1) / 2.0
     js = s["response_shrink"] * max(free - 2.0, 0.0) / free
-    covs = np.empty((K, d, d))
+    covs = C  # each class's covariance in place of its estimate
     for k in range(K):
-        T = targets[k]
-        dist = float(np.sum((C[k] - T) ** 2))
+        T = P if resp is None else public_shape(pub, resp, mu, P, k)
+        dist = _distance_sq(C[k], T)
         a = min(1.0, js * nu[k] / dist) if dist > 0 and np.isfinite(dist) else js
-        Ck = (1 - a) * C[k] + a * T
+        Ck = _blend(C[k], T, a)
         # eigenvalues floored, direction by direction, at a fraction of the target's variance
         # there (the public shape: the scale a class plausibly has in that direction), at most
         # the noise's spectral scale, so that the floor vanishes with the noise
-        vals, vecs = np.linalg.eigh(0.5 * (Ck + Ck.T))
+        Cs = Ck + Ck.T
+        del Ck
+        Cs *= 0.5
+        vals, vecs = np.linalg.eigh(Cs)
+        del Cs
         prior = np.einsum("ji,ji->i", vecs, T @ vecs)
         spectral = (s["noise_floor"] * np.sqrt(max(nu[k], 0.0) / free) * np.sqrt(2.0 * d)
                     * moved[k] if np.isfinite(nu[k]) else np.inf)
         floor = np.maximum(np.minimum(s["class_floor"] * prior, spectral),
                            1e-12 * max(float(np.abs(np.diag(T)).max()), 1e-300))
-        covs[k] = (vecs * np.maximum(vals, floor)) @ vecs.T
-    raw = frame.cov_to_raw(covs)
-    return w, frame.mean_to_raw(mu), 0.5 * (raw + np.swapaxes(raw, -1, -2))
+        del T
+        np.matmul(vecs * np.maximum(vals, floor), vecs.T, out=covs[k])
+        del vecs
+    return w, frame.mean_to_raw(mu), frame.covs_to_raw(covs, out=covs)

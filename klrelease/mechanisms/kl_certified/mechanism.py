@@ -39,13 +39,13 @@ from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...privacy.response import debiased_moments
 from ...rows import (
-    ROW_BLOCK,
     affine_rows,
     class_blocks,
     clip_to_bounds,
     clip_to_norm,
     column_extremes,
     column_sums,
+    row_block,
 )
 from ...stream.moments import pooled_moments, sorted_bounded_moments
 from ...warnings_ import warn_privacy
@@ -57,6 +57,7 @@ from .design import (
     Budget,
     Frame,
     PublicInputs,
+    add_symmetric_gaussian,
     centres,
     estimate,
     flip_radius,
@@ -123,11 +124,22 @@ def whitening_frame(centre: np.ndarray, C: np.ndarray) -> Frame:
     else:  # every feature constant (public under label flip)
         mag = np.abs(np.asarray(centre, dtype=float))
         sd = np.where(np.isfinite(mag) & (mag > 0), mag, 1.0)
-    Rc = C / np.outer(sd, sd)
-    w, V = np.linalg.eigh(0.5 * (Rc + Rc.T))
+    # (d x d temporaries one or two at a time, in place where the values are the same)
+    Rc = np.outer(sd, sd)
+    np.divide(C, Rc, out=Rc)
+    S = Rc + Rc.T
+    del Rc
+    S *= 0.5
+    w, V = np.linalg.eigh(S)
+    del S
     w = np.maximum(w, 1e-12 * max(w.max(), 1e-300))
-    W = (V / np.sqrt(w)) @ V.T / sd[:, None]
-    W_inv = sd[None, :] * ((V * np.sqrt(w)) @ V.T)
+    A = V / np.sqrt(w)
+    W = A @ V.T
+    A = np.multiply(V, np.sqrt(w), out=A)
+    W_inv = A @ V.T
+    del A, V
+    W /= sd[:, None]
+    W_inv *= sd[None, :]
     return Frame(centre, W, W_inv)
 
 
@@ -202,35 +214,54 @@ def frame_scatter(frame: Frame, scatter: np.ndarray) -> np.ndarray:
     return frame.W.T @ scatter @ frame.W
 
 
-def _frame_sums(X: np.ndarray, frame: Frame, radius: float) -> np.ndarray:
-    """Label flip: the public total ``sum clip_R(t)`` of the frame rows ``t``, in blocks of
-    rows in their own order: bit for bit the same function of the features whatever the
-    labels (rows grouped by class, or the sum of per-class sums, would round by label). Used
-    on every row and on the early stages' sample."""
-    sums = np.zeros(X.shape[1])
-    for a in range(0, X.shape[0], ROW_BLOCK):
-        sums += column_sums(clip_to_norm(frame.to_frame(X[a:a + ROW_BLOCK]), radius))
+def _frame_sums(T: np.ndarray, radius: float, index: np.ndarray | None = None) -> np.ndarray:
+    """Label flip: the public total ``sum clip_R(t)`` of the frame rows ``t`` (``T``, or
+    ``T[index]``: the rows in another order, gathered a block at a time), in blocks of rows
+    in that order: bit for bit the same function of the features whatever the labels (rows
+    grouped by class, or the sum of per-class sums, would round by label). Used on every row
+    (in their own order) and on the early stages' sample (in its order)."""
+    n, d = (T.shape[0] if index is None else index.shape[0]), T.shape[1]
+    sums = np.zeros(d)
+    step = row_block(d)
+    for a in range(0, n, step):
+        B = T[a:a + step] if index is None else np.take(T, index[a:a + step], axis=0)
+        sums += column_sums(clip_to_norm(B, radius))
+        del B
     return sums
+
+
+def _frame_rows(X: np.ndarray, frame: Frame, clip=None,
+                index: np.ndarray | None = None) -> np.ndarray:
+    """The rows ``X[index]`` (all of ``X`` without ``index``) in the frame, clipped into the
+    bound by ``clip``, in that order: one gather and one map into the frame per block of rows
+    (:func:`klrelease.rows.row_block`), written into one array, no other copy of the data.
+    Each block's map reads its rows only, in an order that does not depend on the labels."""
+    n = X.shape[0] if index is None else index.shape[0]
+    out = np.empty((n, frame.W.shape[1]))
+    step = row_block(max(X.shape[1], frame.W.shape[1]))
+    for a in range(0, n, step):
+        b = min(a + step, n)
+        raw = X[a:b] if index is None else np.take(X, index[a:b], axis=0)
+        block = out[a:b]
+        affine_rows(raw, frame.centre, frame.W, out=block)
+        del raw
+        if clip is not None:
+            clipped = clip(block)
+            if clipped is not block:
+                block[...] = clipped
+    return out
 
 
 def _grouped_rows(X: np.ndarray, codes: np.ndarray, n_classes: int, frame: Frame, clip=None,
                   stage_a=None) -> tuple[_MemoryRows, np.ndarray | None]:
-    """The rows in the frame (clipped into the bound by ``clip``), grouped by class, built
-    block by block from the raw rows (one gather, one map into the frame, no other copy of
-    the data); with ``stage_a``, also the per-class sums of ``stage_a(t, k)`` on the way."""
+    """The rows in the frame (clipped into the bound by ``clip``), in their own order, read
+    grouped by class (:class:`_MemoryRows`, one map into the frame per block, no other copy of
+    the data); with ``stage_a``, also the per-class sums of ``stage_a(t, k)``."""
     order, bounds = class_blocks(codes, n_classes)
-    rows = np.empty((X.shape[0], frame.W.shape[1]))
-    sums = None if stage_a is None else np.zeros((n_classes, rows.shape[1]))
-    for k in range(n_classes):
-        for a in range(int(bounds[k]), int(bounds[k + 1]), ROW_BLOCK):
-            b = min(a + ROW_BLOCK, int(bounds[k + 1]))
-            T = frame.to_frame(np.take(X, order[a:b], axis=0))
-            if clip is not None:
-                T = clip(T)
-            rows[a:b] = T
-            if stage_a is not None:
-                sums[k] += column_sums(stage_a(T, k))
-    return _MemoryRows(rows, bounds), sums
+    rows = _MemoryRows(_frame_rows(X, frame, clip), bounds, order)
+    if stage_a is None:
+        return rows, None
+    return rows, rows.stats(stage_a, frame.W.shape[1], second=False)[0]
 
 
 def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -243,10 +274,10 @@ def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         check_scales(np.maximum(hi, -lo), "the features' magnitudes")
         # the moments a streamed source computes (pooled_moments), in one pass
         m = pooled_moments(X)
-        centre = m.means[0]
-        C = m.scatters[0] / (N - 1) if N > 1 else np.zeros((d, d))
+        centre, M2 = m.means[0], m.scatters[0]
+        C = M2 / (N - 1) if N > 1 else np.zeros((d, d))
     check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)), "the features' standard deviations")
-    return centre, C, m.scatters[0]
+    return centre, C, M2
 
 
 def _public_bound(domain, norm_bound, bounds_from_data, d):
@@ -276,26 +307,32 @@ def _warn_bounds_from_data():
 
 
 class _MemoryRows:
-    """The rows in the frame in memory (the fast path), grouped by class once: class ``k`` is
-    ``rows[bounds[k]:bounds[k+1]]`` (:func:`klrelease.rows.class_blocks`). Every stage reduces
-    them in cache-sized blocks (:func:`klrelease.stream.moments.sorted_bounded_moments`, the
-    per-chunk reduction of a streamed source), without copies of the whole array."""
+    """The rows in the frame in memory (the fast path), read grouped by class: class ``k`` is
+    ``rows[index[bounds[k]:bounds[k+1]]]`` (``index`` from :func:`klrelease.rows.class_blocks`,
+    or ``rows[bounds[k]:bounds[k+1]]`` without one). Every stage reduces them in cache-sized
+    blocks, each gathered when it is reduced (:func:`klrelease.stream.moments.
+    sorted_bounded_moments`, the per-chunk reduction of a streamed source), without copies of
+    the whole array: the rows stay in one array in their own order (computed without reading
+    a label), which every row's stages, the early stages' sample and the public row sample
+    read through their indices."""
 
-    #: Rows per block of a histogram pass.
-    HIST_BLOCK = 1 << 15
-
-    def __init__(self, rows: np.ndarray, bounds: np.ndarray):
-        self.rows, self.bounds = rows, bounds
+    def __init__(self, rows: np.ndarray, bounds: np.ndarray, index: np.ndarray | None = None):
+        self.rows, self.bounds, self.index = rows, bounds, index
 
     def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         """Per class k: the sum and (``second``) second moment of ``fn(T_k, k)``."""
-        return sorted_bounded_moments(self.rows, self.bounds, fn, second)
+        return sorted_bounded_moments(self.rows, self.bounds, fn, second, index=self.index)
 
     def histograms(self, window, bins: int) -> np.ndarray:
-        """Per-feature histograms of all rows (every class) clipped into ``window``."""
+        """Per-feature histograms of these rows (every class) clipped into ``window`` (counts:
+        the same in any order and blocks)."""
         out = np.zeros((window.lo.shape[0], bins))
-        for a in range(0, self.rows.shape[0], self.HIST_BLOCK):
-            out += histograms(self.rows[a:a + self.HIST_BLOCK], window, bins)
+        step = 4 * row_block(self.rows.shape[1])
+        n = int(self.bounds[-1])
+        for a in range(0, n, step):
+            block = (self.rows[a:a + step] if self.index is None
+                     else np.take(self.rows, self.index[a:a + step], axis=0))
+            out += histograms(block, window, bins)
         return out
 
 
@@ -340,13 +377,14 @@ class _GatheredRows:
 
     def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         return sorted_bounded_moments(self.X, self.bounds, _raw_map(fn, self.frame, self.clip),
-                                      second, order=self.order)
+                                      second, index=self.order)
 
     def histograms(self, window, bins: int) -> np.ndarray:
         out = np.zeros((window.lo.shape[0], bins))
         count = _ChunkHistograms(self.frame, self.clip, window, bins)
-        for a in range(0, self.X.shape[0], _MemoryRows.HIST_BLOCK):
-            out += count(self.X[a:a + _MemoryRows.HIST_BLOCK], None)
+        step = 4 * row_block(self.X.shape[1])
+        for a in range(0, self.X.shape[0], step):
+            out += count(self.X[a:a + step], None)
         return out
 
 
@@ -443,7 +481,8 @@ def sample_radius(frame: Frame, sample: np.ndarray, budget: Budget, n_samples: i
                   n_classes: int, rows: np.ndarray | None = None) -> float:
     """Label flip: the stage-A radius from the frame norms of the row sample
     (:mod:`klrelease.stream.sample`: every row when N <= 65536), :func:`.design.flip_radius`.
-    ``rows``: the sample already in the frame (``frame.to_frame(sample)``), if computed.
+    ``rows``: the sample already in the frame (``frame.to_frame(sample)``), if computed, in
+    any order (the radius reads the norms sorted), e.g. every row when the sample is every row.
     """
     T = frame.to_frame(sample) if rows is None else rows
     norms = np.sqrt(np.einsum("ij,ij->i", T, T))
@@ -546,7 +585,8 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
             early, sums = _early_rows(frame, clip, got[3], K, _CentredClip(np.zeros((K, d)), R))
             counts, c = got[2], N / got[3][1].shape[0]
             sums = c * sums
-            total = c * _frame_sums(got[3][0], frame, R)
+            # the sample's rows, in its order
+            total = c * _frame_sums(early.rows, R)
         return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
                     N=N, R=R, total_scatter=total_scatter, sums=sums, counts=counts,
                     total_sums=total, where=where, window=window, public_rows=public_rows)
@@ -655,8 +695,12 @@ class KLCertifiedPlan(Plan):
         K = S1.shape[0]
         sums = S1 + rng.standard_normal((K, d)) * noise.mean_sd[:, None]
         released = np.isfinite(noise.cov_sd)
-        E = symmetric_gaussian(rng, np.where(released, noise.cov_sd, 1.0), d)
-        return sums, np.where(released[:, None, None], S2 + E, 0.0)
+        # S2 + symmetric_gaussian(rng, sigma, d) where released, 0 elsewhere: the same draws
+        # and values, one class at a time in place (the statistics are this round's own)
+        if not S2.flags.writeable:
+            S2 = S2.copy()
+        return sums, add_symmetric_gaussian(rng, S2, np.where(released, noise.cov_sd, 1.0),
+                                            released)
 
     @staticmethod
     def _round_logpdf(output, stats, noise, suffix: str) -> tuple[float, float]:
@@ -835,11 +879,11 @@ class KLCertified(Mechanism):
         """The randomized-response design (label flip): reported labels, then
         :func:`.design.response_estimate` in the public whitened frame."""
         from ...stream import Source
-        from ...stream.sample import sample_indices
+        from ...stream.sample import SAMPLE_ROWS, sample_indices
 
         declared = bool(getattr(data, "classes_declared", False))
         K, d = len(data.classes), data.n_features
-        T = None
+        T = index = None
         if isinstance(data, Source):
             m0, sample = (data.pooled_and_sample() if pooled is None else pooled)[:2]
             N, mean, M2 = int(round(m0.counts[0])), m0.means[0], m0.scatters[0]
@@ -852,8 +896,12 @@ class KLCertified(Mechanism):
             N = data.n_samples
             frame = whitening_frame(*_public_moments(data.X)[:2])
             # every row in the frame once; the row sample is its rows of the sampled indices
+            # (read through them when the sample is every row: no second copy of the rows)
             T = frame.to_frame(data.X)
-            rows = T[sample_indices(N)]
+            if N <= SAMPLE_ROWS:
+                rows, index = T, sample_indices(N)
+            else:
+                rows = T[sample_indices(N)]
         classes = data.classes
         guarantee = response_guarantee(self.name, epsilon, delta, K, declared,
                                        "klrelease/mechanisms/kl_certified/kl_certified.md")
@@ -862,7 +910,8 @@ class KLCertified(Mechanism):
         def estimate(m):
             try:
                 w, mu, covs = response_estimate(m, epsilon=epsilon, n_classes=K, n_samples=N,
-                                                frame=frame, public_rows=rows)
+                                                frame=frame, public_rows=rows,
+                                                public_index=index)
                 return check_gmm(GMM(w, mu, covs, classes))
             except (ValueError, np.linalg.LinAlgError, FloatingPointError):
                 # never fail after the labels were drawn: the released weights with the
@@ -974,7 +1023,7 @@ class KLCertified(Mechanism):
         def budget_for(n_samples: int) -> Budget:
             return release_budget(epsilon, delta, relation, n_samples, data.n_features)
 
-        extra, early, scale = {}, None, 1.0
+        extra, early, scale, public_index = {}, None, 1.0, None
         if isinstance(data, Source):  # streamed: passes over chunks, bounded memory
             got = stream_inputs(data, relation, bool(options["bounds_from_data"]),
                                 options["norm_bound"], budget_for, pooled)
@@ -996,41 +1045,57 @@ class KLCertified(Mechanism):
 
             from ...stream.sample import SAMPLE_ROWS, sample_indices, stage_rows
 
-            # more rows than the early stages' sample: they read it (as a streamed release
-            # does, the same rows in the same order), scaled
+            # every row in the frame once (clipped into the bound), in its own order, in one
+            # array: every stage reads it through an index (the classes, grouped; the early
+            # stages' sample; under label flip the public row sample when it is every row)
             S = stage_rows(d)
             sampled = N > S
             # the indices of lowest priority, in order: both samples are prefixes of them
             lead = sample_indices(N, max(S, SAMPLE_ROWS)) if lf or sampled else None
-            pick = lead[:S] if sampled else None
+            if not sampled:
+                T = _frame_rows(data.X, frame, clip)
+                order, bounds = class_blocks(data.codes, K)
+                rows = _MemoryRows(T, bounds, order)
+                del order
+            else:
+                # only the last stage-C round reads every row: gathered from the raw rows as it
+                # reads them; the samples' rows alone are mapped, in their priority order
+                rows = _GatheredRows(data.X, data.codes, K, frame, clip)
+                T = _frame_rows(data.X, frame, clip, index=lead)
+            counts = np.diff(rows.bounds).astype(float)
             stage_a = None
             if lf:
-                sample = np.take(data.X, lead[:SAMPLE_ROWS], axis=0)
-                public_rows = frame.to_frame(sample)
-                R = sample_radius(frame, sample, budget, S if sampled else N, K, public_rows)
+                # the public row sample: every row (read through its order) or the first
+                # SAMPLE_ROWS of the rows in priority order
+                if not sampled and N <= SAMPLE_ROWS:
+                    public_rows, public_index = T, lead
+                elif not sampled:
+                    public_rows = np.take(T, lead[:SAMPLE_ROWS], axis=0)
+                else:
+                    public_rows = T[:SAMPLE_ROWS]
+                # (the radius reads the sample's norms, sorted: the same from every row)
+                R = sample_radius(frame, None, budget, S if sampled else N, K, public_rows)
                 # the clipped total of every row only when no sample stands in
-                total_sums = None if sampled else _frame_sums(data.X, frame, R)
+                total_sums = None if sampled else _frame_sums(T, R)
                 stage_a = _CentredClip(np.zeros((K, d)), R)
             else:
                 R = located_radius(d, S if sampled else N, K, budget)
                 total_sums = public_rows = None
-            if not sampled:
-                # grouped by class once; under label flip, stage A's sums on the way (before
-                # any noise)
-                rows, sums = _grouped_rows(data.X, data.codes, K, frame, clip, stage_a)
-            else:
-                # only the last stage-C round reads every row: gathered as it reads them
-                rows = _GatheredRows(data.X, data.codes, K, frame, clip)
-                X_early = np.take(data.X, pick, axis=0)
-                early, sums = _grouped_rows(X_early, data.codes[pick], K, frame, clip, stage_a)
-                scale = N / pick.shape[0]
-                extra["early_stages"] = (
-                    f"a sample of {pick.shape[0]} of the {N} rows, chosen by their index")
+            # stage A's sums (label flip), before any noise
+            sums = None
+            if sampled:
+                # more rows than the early stages' sample: they read it (as a streamed
+                # release does, the same rows in the same order), scaled
+                e_order, e_bounds = class_blocks(data.codes[lead[:S]], K)
+                early = _MemoryRows(T, e_bounds, e_order)  # T[:S]: the sample, in its order
+                scale = N / S
+                extra["early_stages"] = f"a sample of {S} of the {N} rows, chosen by their index"
                 if lf:
-                    sums = scale * sums
-                    total_sums = scale * _frame_sums(X_early, frame, R)
-                del X_early
-            counts = np.diff(rows.bounds).astype(float)
+                    sums = scale * early.stats(stage_a, d, second=False)[0]
+                    total_sums = scale * _frame_sums(T[:S], R)
+                del e_order
+            elif lf:
+                sums = rows.stats(stage_a, d, second=False)[0]
         if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
             where = "the public bound"  # too few rows to locate at this budget
         pub = PublicInputs(
@@ -1038,7 +1103,7 @@ class KLCertified(Mechanism):
             budget=budget, radius=R,
             region_radius=region_radius(d, SETTINGS["region_level"]),
             total_scatter=total_scatter, total_sums=total_sums, bound_window=window,
-            public_rows=public_rows, sample_scale=scale,
+            public_rows=public_rows, public_index=public_index, sample_scale=scale,
         )
 
         rel = ADJACENCY_DESCRIPTIONS[relation]
