@@ -197,7 +197,7 @@ def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, n
         return (frame, None, True, "the public features (whitened)", None,
                 frame_scatter(frame, M2))
     domain = _public_bound(data.domain, norm_bound, bounds_from_data, d)
-    certified, where = True, "the public bound"
+    certified, where = True, "the public bound, located by noisy histograms"
     if domain is None:
         _warn_bounds_from_data()
         lo, hi = X.min(axis=0), X.max(axis=0)
