@@ -74,12 +74,6 @@ SETTINGS = {
     "locate_share": 0.08,  # replace-one: share of mu^2 for locating, taken from stage C
     "region_level": 0.95,  # stage-C radius^2 >= chi2_d quantile at this level
     "tail_scale": 1.0,  # stage C: tail mass outside a region <= this x its relative noise
-    # stages A and C: once the relative noise of the clipped statistics falls below
-    # tail_onset, r^2 >= the base quantile x (tail_onset / relative noise)^tail_power, so
-    # the clipping bias vanishes for any tail with a finite second moment (the chi-square
-    # quantile alone grows like log(1 / noise): polynomial tails kept a bias at any epsilon)
-    "tail_power": 2 / 3,
-    "tail_onset": 0.003,
     "count_floor": 2.0,  # released counts used as divisors are >= this x their noise sd
     "prior_divergence": 0.25,  # per dimension: expected ||Sigma_k - pooled||_F^2 / d in frame
     "eigen_margin": 1.0,  # pooled eigenvalues lowered by this x their noise scale
@@ -373,28 +367,12 @@ def region_radius(d: int, level: float) -> float:
     return float(np.sqrt(chi2.ppf(level, d)))
 
 
-def tail_radius(d: int, level: float, rel, tail_scale: float, power: float = 0.0,
-                onset: float = 1.0) -> np.ndarray:
+def tail_radius(d: int, level: float, rel, tail_scale: float) -> np.ndarray:
     """The chi-square radius leaving the tail mass ``min(1 - level, tail_scale * rel)``
     outside: ``level``'s radius while the relative noise ``rel`` of what is clipped is large,
-    growing without bound as it falls.
-
-    That radius grows only like ``sqrt(log(1 / rel))``: right for Gaussian classes, but a
-    polynomial tail keeps a clipping bias of the second moments at any budget (t(3) classes:
-    the clipped mass beyond ``r`` carries ``~1/r`` of the variance). With ``power`` p in
-    (0, 1), ``r^2`` is also at least ``level``'s quantile times ``(onset / rel)^p`` once
-    ``rel < onset``: the noise relative to the clipped statistics at that radius,
-    ``onset^p rel^(1-p)``, still vanishes, and so does the bias for any tail with a finite
-    second moment. p = 2/3 balances the two for tails like t(3)'s (squared bias ``~r^-2``).
-    """
-    rel = np.asarray(rel, dtype=float)
-    alpha = np.clip(tail_scale * rel, 1e-300, 1.0 - level)
-    q0 = chi2.ppf(level, d)
-    r2 = np.maximum(chi2.isf(alpha, d), q0)
-    if power > 0:
-        grow = np.maximum(onset / np.maximum(rel, 1e-300), 1.0) ** power
-        r2 = np.maximum(r2, q0 * np.minimum(grow, 1e300))
-    return np.sqrt(r2)
+    growing without bound as it falls."""
+    alpha = np.clip(tail_scale * np.asarray(rel, dtype=float), 1e-300, 1.0 - level)
+    return np.sqrt(np.maximum(chi2.isf(alpha, d), chi2.ppf(level, d)))
 
 
 def flip_radius(norms: np.ndarray, n_samples: int, n_classes: int, d: int, sens: float,
@@ -779,16 +757,12 @@ def class_radius(pub: PublicInputs, n: np.ndarray, t: np.ndarray) -> np.ndarray:
     ``r_k^2`` is the chi-square quantile leaving the tail mass
     ``alpha_k = min(1 - region_level, tail_scale * r_0^2 / (sqrt(t_k) n_k))`` outside: the
     fraction of a Gaussian class that is clipped is at most of the order of the relative noise
-    of its released second moments at the base radius ``r_0``; once that noise is below
-    ``tail_onset``, ``r_k^2`` is at least ``r_0^2 (tail_onset / rel)^tail_power``
-    (:func:`tail_radius`). As that noise vanishes (epsilon or the class grows) the radius grows
-    without bound, polynomially in ``1 / rel``, so the clipping bias vanishes too, for heavy
-    tails as well as Gaussian ones.
+    of its released second moments at the base radius ``r_0``. As that noise vanishes (epsilon
+    or the class grows) the radius grows without bound, so the clipping bias vanishes too.
     """
     s = pub.settings
     rel = pub.region_radius**2 / (np.sqrt(np.maximum(t, 1e-300)) * np.maximum(n, 1.0))
-    return tail_radius(pub.n_features, s["region_level"], rel, s["tail_scale"],
-                       s["tail_power"], s["tail_onset"])
+    return tail_radius(pub.n_features, s["region_level"], rel, s["tail_scale"])
 
 
 def located_radius(d: int, n_samples: int, n_classes: int, budget: Budget) -> float:
@@ -796,18 +770,15 @@ def located_radius(d: int, n_samples: int, n_classes: int, budget: Budget) -> fl
 
     Located (the features standardised): the chi-square radius whose tail mass falls with the
     relative noise of a class sum of ``N / K`` rows (``radius_quantile``'s radius at small
-    budgets), growing polynomially in that noise's inverse once it is below ``tail_onset``
-    (:func:`tail_radius`). Not located (the bound's frame, scaled to a quarter of its width
-    per standard deviation): ``box_radius`` of the bound's radius, growing to all of it as
-    that noise falls.
+    budgets). Not located (the bound's frame, scaled to a quarter of its width per standard
+    deviation): ``box_radius`` of the bound's radius, growing to all of it as that noise falls.
     """
     s = SETTINGS
     sens = max(budget.sums, 1e-300)
     if budget.locate > 0:
         r0sq = chi2.ppf(s["radius_quantile"], d)
         rel = r0sq * n_classes / (sens * max(n_samples, 1))
-        return float(tail_radius(d, s["radius_quantile"], rel, s["tail_scale"],
-                                 s["tail_power"], s["tail_onset"]))
+        return float(tail_radius(d, s["radius_quantile"], rel, s["tail_scale"]))
     rel = np.sqrt(d) * n_classes / (sens * max(n_samples, 1))
     frac = 1.0 - (1.0 - s["box_radius"]) * min(1.0, rel / s["box_noise"])
     return float(2.0 * np.sqrt(d) * frac)
