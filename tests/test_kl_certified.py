@@ -760,7 +760,7 @@ def test_the_response_design_converges_where_a_class_is_thinner_than_its_public_
     assert kl[1] <= kl[0] + 1e-9 and kl[1] < 1e-6, kl
 
 
-def _t3_classes(seed: int = 1, d: int = 8, sizes=(1000, 1000)):
+def _t3_classes(seed: int, d: int, sizes):
     """Anisotropic multivariate t(3) classes (finite variance, polynomial tails)."""
     rng = np.random.default_rng(seed)
     X, y = [], []

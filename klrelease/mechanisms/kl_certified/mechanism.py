@@ -273,11 +273,18 @@ def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         lo, hi = column_extremes(X) if N else (np.zeros(d), np.zeros(d))
         check_scales(np.maximum(hi, -lo), "the features' magnitudes")
         # the moments a streamed source computes (pooled_moments), in one pass
-        m = pooled_moments(X)
-        centre, M2 = m.means[0], m.scatters[0]
-        C = M2 / (N - 1) if N > 1 else np.zeros((d, d))
+        return _pooled_covariance(pooled_moments(X))
+
+
+def _pooled_covariance(m) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Label flip: ``(mean, covariance, centred scatter)`` of the public features from their
+    pooled moments ``m`` (one class: count, mean, scatter; in memory or from a streamed
+    pass), the standard deviations checked (:func:`check_scales`)."""
+    N, M2 = int(round(m.counts[0])), m.scatters[0]
+    with np.errstate(all="ignore"):
+        C = M2 / (N - 1) if N > 1 else np.zeros_like(M2)
     check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)), "the features' standard deviations")
-    return centre, C, M2
+    return m.means[0], C, M2
 
 
 def _public_bound(domain, norm_bound, bounds_from_data, d):
@@ -569,9 +576,8 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     if relation == Adjacency.LABEL_FLIP:
         got = source.pooled_and_sample(labelled=S) if pooled is None else pooled
         m0, sample = got[:2]
-        N, mean, M2 = int(round(m0.counts[0])), m0.means[0], m0.scatters[0]
-        C = M2 / (N - 1) if N > 1 else np.zeros((d, d))
-        check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)), "the features' standard deviations")
+        N = int(round(m0.counts[0]))
+        mean, C, M2 = _pooled_covariance(m0)
         frame = whitening_frame(mean, C)
         clip, where, window = None, "the public features (whitened)", None
         sampled = N > S
@@ -886,11 +892,8 @@ class KLCertified(Mechanism):
         T = index = None
         if isinstance(data, Source):
             m0, sample = (data.pooled_and_sample() if pooled is None else pooled)[:2]
-            N, mean, M2 = int(round(m0.counts[0])), m0.means[0], m0.scatters[0]
-            C = M2 / (N - 1) if N > 1 else np.zeros((d, d))
-            check_scales(np.sqrt(np.maximum(np.diag(C), 0.0)),
-                         "the features' standard deviations")
-            frame = whitening_frame(mean, C)
+            N = int(round(m0.counts[0]))
+            frame = whitening_frame(*_pooled_covariance(m0)[:2])
             rows = frame.to_frame(sample)
         else:
             N = data.n_samples
