@@ -76,6 +76,8 @@ SETTINGS = {
     "tail_scale": 1.0,  # stage C: tail mass outside a region <= this x its relative noise
     "count_floor": 2.0,  # released counts used as divisors are >= this x their noise sd
     "prior_divergence": 0.25,  # per dimension: expected ||Sigma_k - pooled||_F^2 / d in frame
+    "release_ratio": 4.0,  # label flip: class second moments released only if their noise
+    #                        energy is at most this x that expected divergence
     "eigen_margin": 1.0,  # pooled eigenvalues lowered by this x their noise scale
     "class_floor": 0.1,  # class eigenvalues >= this x the smallest target eigenvalue, at most
     "noise_floor": 1.0,  # ... and at most this x the noise scale of the class estimate
@@ -794,8 +796,12 @@ def class_noise(pub: PublicInputs, n: np.ndarray, total: float,
     covariances ``nu D / (4 (nu + D))`` with ``nu = sigma_c^2 d(d+1) / (2 (g (n-1))^2)`` the
     noise energy and ``D`` the expected squared distance of the class covariance from the
     shrinkage target (``divergence``: ``prior_divergence * d`` against the pooled covariance;
-    the first round's noise energy against its estimate). Depends on public values and released
-    counts only.
+    the first round's noise energy against its estimate). Under label flip, second moments
+    whose noise energy would exceed ``release_ratio`` times ``D`` are not released: shrinkage
+    toward the target would keep little of them, and the surrogate's small gain there is
+    within its own error (the class then takes the blend of its public shape and the pooled
+    covariance, :func:`harmonic_targets`; replace-one has no public shapes).
+    Depends on public values and released counts only.
     """
     K, d = pub.n_classes, pub.n_features
     r0 = pub.region_radius
@@ -818,6 +824,8 @@ def class_noise(pub: PublicInputs, n: np.ndarray, total: float,
             if np.isfinite(sc2):
                 nu = sc2 * d * (d + 1) / (2 * (g[k] * max(n[k] - 1.0, 1.0)) ** 2)
                 cost += nu * D[k] / (4 * (nu + D[k]))
+                if pub.label_flip and nu > pub.settings["release_ratio"] * D[k]:
+                    continue  # James-Stein would keep little of them: not released
             else:
                 cost += D[k] / 4
             if best is None or cost < best[0]:
@@ -1183,14 +1191,42 @@ def _first_round(pub: PublicInputs, output: dict, first: dict):
     P = _pooled(pub, output, n, means, Cm, m1)
     shapes = public_shapes(pub, responsibilities(pub, n, means, P), means, P)
     # the public class shape is the target of a class whose second moments were released;
-    # one that was not keeps the pooled covariance (robust when the released means are rough)
+    # one that was not takes the harmonic mean of its public shape and the pooled covariance
     if shapes is not None:
-        for k in np.flatnonzero(~np.isfinite(noise.cov_sd)):
-            shapes[k] = P
+        unreleased = np.flatnonzero(~np.isfinite(noise.cov_sd))
+        if unreleased.size:
+            harmonic_targets(shapes, P, unreleased)
     targets = np.broadcast_to(P if shapes is None else shapes, (K, d, d))
     # the covariances in place of the public shapes (each read only for its own class)
     covs = class_covariances(pub, reg, noise, n, S1, S2, targets, corr, out=shapes)
     return means, Cm, P, covs
+
+
+def harmonic_targets(shapes: np.ndarray, P: np.ndarray, classes: np.ndarray) -> None:
+    """``shapes[k] <- ((shapes[k]^-1 + P^-1) / 2)^-1`` for ``k`` in ``classes``, in place.
+
+    Label flip, a class whose second moments were not released: its covariance is a blend of
+    its public shape (the public rows given to it by their posterior) and the pooled
+    covariance. The blend averages precisions, not covariances: it is thin wherever either
+    is (the KL divergence of a released class from its data punishes an overestimated variance
+    more than an underestimated one), and it is the pooled covariance where the public shape
+    agrees with it. Computed in the pooled covariance's whitened frame, where the blend of
+    ``M`` and ``I`` has the eigenvalues ``2 w / (1 + w)`` of ``M``'s ``w``: one symmetric
+    decomposition per class, no inverse."""
+    w, V = eig_sym(P)
+    top = float(np.max(w))
+    w = np.maximum(w, 1e-300 if not (np.isfinite(top) and top > 0) else 1e-12 * top)
+    Ph = eig_map(w, V, np.sqrt)
+    Pih = eig_map(w, V, lambda v: 1.0 / np.sqrt(v))
+    del V
+    for k in classes:
+        M = Pih @ shapes[k] @ Pih
+        m, U = eig_sym(M)
+        m = np.maximum(m, 0.0)
+        B = eig_map(m, U, lambda v: 2.0 * v / (1.0 + v))
+        del M, U
+        np.matmul(Ph @ B, Ph, out=shapes[k])
+        del B
 
 
 def _corrected(pub: PublicInputs, reg: Regions, resp, output: dict, suffix: str):
