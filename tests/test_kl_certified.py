@@ -854,6 +854,10 @@ def test_harmonic_targets_average_the_precisions():
         want = np.linalg.inv(0.5 * (np.linalg.inv(S[k]) + np.linalg.inv(P)))
         np.testing.assert_allclose(got[k], want, rtol=1e-8, atol=1e-10)
     np.testing.assert_array_equal(got[1], S[1])
+    # the decomposition used where S + P has no Cholesky factor gives the same blend
+    from klrelease.mechanisms.kl_certified.design import _harmonic_by_eig
+
+    np.testing.assert_allclose(2 * _harmonic_by_eig(S[0], P), got[0], rtol=1e-8, atol=1e-10)
 
 
 def test_label_flip_releases_class_second_moments_only_when_their_noise_is_moderate():

@@ -1210,23 +1210,31 @@ def harmonic_targets(shapes: np.ndarray, P: np.ndarray, classes: np.ndarray) -> 
     covariance. The blend averages precisions, not covariances: it is thin wherever either
     is (the KL divergence of a released class from its data punishes an overestimated variance
     more than an underestimated one), and it is the pooled covariance where the public shape
-    agrees with it. Computed in the pooled covariance's whitened frame, where the blend of
-    ``M`` and ``I`` has the eigenvalues ``2 w / (1 + w)`` of ``M``'s ``w``: one symmetric
-    decomposition per class, no inverse."""
+    agrees with it. Computed as ``2 S (S + P)^-1 P`` (one Cholesky factor per class, no
+    inverse); where ``S + P`` has none, in ``P``'s whitened frame by one decomposition."""
+    from scipy.linalg import cho_factor, cho_solve
+
+    for k in classes:
+        S = shapes[k]
+        try:
+            H = S @ cho_solve(cho_factor(S + P, check_finite=True), P, check_finite=False)
+        except (np.linalg.LinAlgError, ValueError):
+            H = _harmonic_by_eig(S, P)
+        H += H.T  # 2 x its symmetric part
+        shapes[k] = H
+
+
+def _harmonic_by_eig(S: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """Half of :func:`harmonic_targets`' blend when ``S + P`` is not positive definite: in
+    ``P``'s whitened frame the blend of ``M`` and ``I`` has eigenvalues ``w / (1 + w)``."""
     w, V = eig_sym(P)
     top = float(np.max(w))
     w = np.maximum(w, 1e-300 if not (np.isfinite(top) and top > 0) else 1e-12 * top)
     Ph = eig_map(w, V, np.sqrt)
     Pih = eig_map(w, V, lambda v: 1.0 / np.sqrt(v))
-    del V
-    for k in classes:
-        M = Pih @ shapes[k] @ Pih
-        m, U = eig_sym(M)
-        m = np.maximum(m, 0.0)
-        B = eig_map(m, U, lambda v: 2.0 * v / (1.0 + v))
-        del M, U
-        np.matmul(Ph @ B, Ph, out=shapes[k])
-        del B
+    m, U = eig_sym(Pih @ S @ Pih)
+    B = eig_map(np.maximum(m, 0.0), U, lambda v: v / (1.0 + v))
+    return Ph @ B @ Ph
 
 
 def _corrected(pub: PublicInputs, reg: Regions, resp, output: dict, suffix: str):
