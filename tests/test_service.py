@@ -469,10 +469,17 @@ def test_parquet_dataset_read_by_the_workers_of_a_dask_cluster(tmp_path):
             assert reg["n_samples"] == 120 and reg["source"]["dask"]
             s.ledger.add_dataset(reg)
             tok = s.token(datasets=("dist",))
+            # at these (eps, N, K, d) the design rule picks randomized response; read by the
+            # cluster's workers the plan takes the Gaussian design, and so does the claim
+            # charged before the data is read (they differed: the release was refused)
+            from klrelease.mechanisms.kl_certified.mechanism import choose_design
+
+            assert choose_design(1.0, 1e-6, 120, 2, 2) == "response"
             r = s.post(tok, "dist", epsilon=1.0, delta=1e-6)
             assert r.status_code == 201, r.text
             rel = kr.Release.from_json(r.text, public_key=s.key)
             assert rel.feature_names == ["u", "v"] and rel.privacy.certified
+            assert rel.options["design"] == "gaussian"
     with pytest.raises(ValueError, match="--parquet"):
         registration("x", bundled="iris", budget_epsilon=1, budget_delta=1e-5,
                      dask="tcp://127.0.0.1:1")
@@ -627,3 +634,22 @@ def test_charges_read_as_sums_decide_like_the_accountant_on_every_charge():
         assert verdict(full) == verdict(state.accountant()), trial
         agree += verdict(full)
     assert 30 < agree < 270  # both verdicts occur
+
+
+def test_a_plan_whose_claim_is_not_the_charged_one_is_refused_before_noise():
+    """The release checks the plan's claim against the claim charged when it would spend
+    (before any noise): a pure-DP charge does not cover a Gaussian plan, nor the reverse."""
+    from klrelease.privacy.guarantee import BudgetExceeded
+    from klrelease.service.releases import _Charged
+
+    mech = get_mechanism("kl-certified")
+    claims = {}
+    for design in ("gaussian", "response"):
+        opts = mech.validate_options({"adjacency": "label-flip", "design": design})
+        claims[design] = mech.public_guarantee(epsilon=1.0, delta=1e-6, options=opts,
+                                               n_samples=120, n_classes=2, n_features=2)
+    assert type(claims["gaussian"].curve) is not type(claims["response"].curve)
+    for charged, planned in (("gaussian", "response"), ("response", "gaussian")):
+        with pytest.raises(BudgetExceeded, match="not the claim charged"):
+            _Charged(claims[charged]).spend(claims[planned])
+    _Charged(claims["gaussian"]).spend(claims["gaussian"])  # the same claim passes

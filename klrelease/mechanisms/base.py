@@ -291,6 +291,12 @@ class Mechanism(ABC):
         """
         return None
 
+    def options_on_cluster(self, options: MechanismOptions) -> MechanismOptions:
+        """The options a plan of data read by the workers of a Dask cluster uses in place of
+        ``options`` (the same by default), so that a claim stated before the data is read
+        (:meth:`public_guarantee`) is the plan's claim there too."""
+        return options
+
     def check_claim(self, *, epsilon: float, delta: float, public: Mapping[str, Any]) -> None:
         """Raise ``ValueError`` if a certified artifact's (epsilon, delta) is not what the
         public design values recorded beside it give (an edited claim). Nothing recorded,

@@ -120,6 +120,8 @@ def validate_request(ds: DatasetRecord, body: dict[str, Any]):
             raise RequestInvalid(f"option {key} is fixed by the registration of dataset "
                                  f"{ds.name!r} and cannot be set by a request")
     opts = mech.validate_options({**options, "adjacency": ds.adjacency})
+    if (ds.source or {}).get("dask"):  # the plan's options there (and so its claim)
+        opts = mech.options_on_cluster(opts)
     if not getattr(mech, "streams", False):
         raise RequestInvalid(f"{mech.name} needs the data in memory; the service serves "
                              "mechanisms that read the data in chunks (e.g. kl-certified)")
@@ -198,7 +200,9 @@ class _Charged:
                                  "was drawn")
 
     def spend(self, g: Guarantee) -> None:
-        """Spent already, by the ledger's charge."""
+        """Spent already, by the ledger's charge: only checked (:func:`klrelease.release`
+        calls this before any noise is drawn)."""
+        self.check(g)
 
 
 def run_release(ds: DatasetRecord, mech, opts, claim: Guarantee) -> dict[str, Any]:

@@ -520,8 +520,10 @@ def choose_design(epsilon: float, delta: float, n_samples: int, n_classes: int,
     """Label flip: ``"response"`` or ``"gaussian"``, whichever has the lower predicted expected
     KL, from public inputs only (:data:`DESIGN_RULE`; ``kl_certified.md`` section 2).
     Randomized response's noise falls exponentially with epsilon and grows with N (every
-    label is randomised), the Gaussian stages' polynomially with epsilon and with d^2 (the
-    covariances), so the response design wins at larger epsilon, d and fewer rows."""
+    label is randomised) and with K, the Gaussian stages' polynomially with epsilon, so the
+    response design wins at larger epsilon, fewer rows and fewer classes (the fitted rule
+    barely depends on d). On a Dask cluster ``plan`` takes the Gaussian design whatever the
+    rule says (:meth:`KLCertified.options_on_cluster`)."""
     c0, c1, c2, c3, c4 = DESIGN_RULE
     score = (c0 + c1 * np.log(epsilon) + c2 * np.log(max(n_samples, 1))
              + c3 * np.log(max(n_features, 1)) + c4 * np.log(max(n_classes, 2)))
@@ -973,6 +975,14 @@ class KLCertified(Mechanism):
         if not (abs(float(mu) - expected) <= 1e-6 * expected
                 and GaussianCurve(float(mu)).delta_at(epsilon) <= delta * (1 + 1e-6)):
             raise ValueError(tampered)
+
+    def options_on_cluster(self, options):
+        """On a Dask cluster ``design="auto"`` is the Gaussian design (randomized response
+        draws every label's noise where the rows are read, and the workers would hold its key).
+        """
+        if options.adjacency == Adjacency.LABEL_FLIP and options.design == "auto":
+            return options.model_copy(update={"design": "gaussian"})
+        return options
 
     def public_guarantee(self, *, epsilon, delta, options, n_samples, n_classes, n_features):
         """The claim of a release with declared classes (and, under replace-one, a public
