@@ -22,7 +22,9 @@ C. per class, the sums and second moments of the rows in a *class region*: an el
 
 :func:`estimate` forms the released GMM: precision-weighted means of stages A and C, each class
 covariance shrunk toward a target by the known noise level (the pooled or public class shape;
-under replace-one also the classes' pooled estimate of the round, :func:`class_covariances`),
+under label flip a class whose second moments were not released takes the harmonic mean of
+the two, :func:`harmonic_targets`; under replace-one also the classes' pooled estimate of the
+round, :func:`class_covariances`),
 eigenvalues adjusted for the asymmetry of the KL divergence (an overestimated variance costs
 linearly, an underestimated one logarithmically). All floors are relative to released or
 public scales, and every function here is total: it returns finite values for every finite
