@@ -515,6 +515,13 @@ def _on_dask(source) -> bool:
     return isinstance(source, DaskSource)
 
 
+def _design_on_cluster(relation: Adjacency, design: str) -> str:
+    """The design of a plan of data read by the workers of a Dask cluster: ``auto`` is the
+    Gaussian design there (randomized response draws every label's noise where the rows are
+    read, and the workers would hold its key)."""
+    return "gaussian" if relation == Adjacency.LABEL_FLIP and design == "auto" else design
+
+
 def choose_design(epsilon: float, delta: float, n_samples: int, n_classes: int,
                   n_features: int) -> str:
     """Label flip: ``"response"`` or ``"gaussian"``, whichever has the lower predicted expected
@@ -977,12 +984,11 @@ class KLCertified(Mechanism):
             raise ValueError(tampered)
 
     def options_on_cluster(self, options):
-        """On a Dask cluster ``design="auto"`` is the Gaussian design (randomized response
-        draws every label's noise where the rows are read, and the workers would hold its key).
-        """
-        if options.adjacency == Adjacency.LABEL_FLIP and options.design == "auto":
-            return options.model_copy(update={"design": "gaussian"})
-        return options
+        """On a Dask cluster ``design="auto"`` is the Gaussian design
+        (:func:`_design_on_cluster`, as :meth:`plan` resolves it there)."""
+        design = _design_on_cluster(Adjacency(options.adjacency), options.design)
+        return options if design == options.design else options.model_copy(
+            update={"design": design})
 
     def public_guarantee(self, *, epsilon, delta, options, n_samples, n_classes, n_features):
         """The claim of a release with declared classes (and, under replace-one, a public
@@ -1028,12 +1034,14 @@ class KLCertified(Mechanism):
         if lf and options["design"] != "gaussian":
             K0 = len(data.resolve_classes()) if isinstance(data, Source) else data.n_classes
             n0 = int(round(pooled[0].counts[0])) if pooled else data.n_samples
-            dask = isinstance(data, Source) and _on_dask(data)
-            if options["design"] == "response" and dask:
-                raise ValueError("design='response' draws every label's noise where the rows "
-                                 "are read, and on a Dask cluster the workers would hold its "
-                                 "key: use design='gaussian' (the default there)")
-            if not dask and (options["design"] == "response" or choose_design(
+            design = options["design"]
+            if isinstance(data, Source) and _on_dask(data):
+                if design == "response":
+                    raise ValueError("design='response' draws every label's noise where the "
+                                     "rows are read, and on a Dask cluster the workers would "
+                                     "hold its key: use design='gaussian' (the default there)")
+                design = _design_on_cluster(relation, design)
+            if design == "response" or (design == "auto" and choose_design(
                     epsilon, delta, n0, K0, data.n_features) == "response"):
                 return self._response_plan(data, epsilon, delta, pooled)
 
