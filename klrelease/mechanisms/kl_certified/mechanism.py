@@ -1076,7 +1076,9 @@ class KLCertified(Mechanism):
             S = stage_rows(d)
             sampled = N > S
             # the indices of lowest priority, in order: both samples are prefixes of them
-            lead = sample_indices(N, max(S, SAMPLE_ROWS)) if lf or sampled else None
+            # (replace-one has no public row sample: the early stages' alone)
+            lead = (sample_indices(N, max(S, SAMPLE_ROWS) if lf else S) if lf or sampled
+                    else None)
             if not sampled:
                 T = _frame_rows(data.X, frame, clip)
                 order, bounds = class_blocks(data.codes, K)
