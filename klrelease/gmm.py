@@ -337,11 +337,10 @@ def check_gmm(g: GMM) -> GMM:
     distinct (what an artifact requires); ``ValueError`` otherwise."""
     c = g.covariances
     if c.size == 0:
-        scale = max(float(np.max(np.abs(c))), 1.0)
-        asym = np.max(np.abs(c - np.swapaxes(c, -1, -2)))
-    else:  # one matrix at a time: no stack of temporaries
-        scale = max(max(float(np.max(np.abs(ck))) for ck in c), 1.0)
-        asym = max(float(np.max(np.abs(ck - ck.T))) for ck in c)
+        raise ValueError("a GMM needs at least one class and one feature")
+    # one matrix at a time: no stack of temporaries
+    scale = max(max(float(np.max(np.abs(ck))) for ck in c), 1.0)
+    asym = max(float(np.max(np.abs(ck - ck.T))) for ck in c)
     if asym > 1e-9 * scale:
         raise ValueError("covariances must be symmetric")
     try:

@@ -282,6 +282,11 @@ def test_the_threaded_csv_writer_writes_the_bytes_of_one_block_in_one_thread():
         out = io.BytesIO()
         write_rows(out, blocks, ["x0", "x1", "x2", "x3"], g.classes, "csv")
         assert out.getvalue() == one, block
+    # an empty block writes nothing (orjson's text of no rows is b"[]")
+    out = io.BytesIO()
+    write_rows(out, [(X[:0], comp[:0]), (X[:5], comp[:5]), (X[5:5], comp[5:5])],
+               ["x0", "x1", "x2", "x3"], g.classes, "csv")
+    assert out.getvalue() == b"x0,x1,x2,x3,label\n" + bytes(csv_lines(X[:5], comp[:5], ends))
     # and the drawn rows, in blocks, give the text of the one-block draw
     ((X, comp),) = g.sample_blocks(5000, 3, block=5000)
     out = io.BytesIO()

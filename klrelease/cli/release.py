@@ -313,6 +313,8 @@ def _csv_join(text, comp, ends):
     import pyarrow.compute as pc
 
     data, m, nonfinite = text
+    if m == 0:  # b"[]": no rows, no lines
+        return b""
     # data = b"[[x,..,x],[x,..,x],..,[x,..,x]]": the rows are the pieces between "],[" once
     # the first two and last two characters are cut
     whole = pa.Array.from_buffers(pa.large_binary(), 1, [
