@@ -3,6 +3,9 @@
 The certified design works on d x d matrices and per-class blocks: threaded BLAS only adds
 synchronisation there, which costs an order of magnitude when the cores are busy with other
 work (measured: 0.25 s against 0.02 s per release at d = 30 on a loaded 2-core machine).
+From :data:`THREADED_FROM` features on the d x d products and decompositions are large enough
+for threads to pay, and BLAS is left as it is (measured on 2 cores, kl-certified at N = 1e4:
+d = 250 0.35 s on one thread, 0.39 s threaded; d = 500 1.38 / 1.11 s; d = 1000 6.8 / 4.5 s).
 """
 
 from __future__ import annotations
@@ -10,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import functools
 
-__all__ = ["single_threaded_blas", "blas_single_thread"]
+__all__ = ["single_threaded_blas", "blas_single_thread", "blas_threads_for", "THREADED_FROM"]
 
 _CONTROLLER = None
+
+#: From this many features on, BLAS keeps its own threads (see the module's docstring).
+THREADED_FROM = 400
 
 
 def single_threaded_blas():
@@ -28,12 +34,23 @@ def single_threaded_blas():
         return contextlib.nullcontext()
 
 
-def blas_single_thread(fn):
-    """Decorator: run ``fn`` under :func:`single_threaded_blas`."""
+def blas_threads_for(d: int | None):
+    """:func:`single_threaded_blas` below :data:`THREADED_FROM` features (or ``d`` None), a
+    context that changes nothing from there."""
+    if d is not None and d >= THREADED_FROM:
+        return contextlib.nullcontext()
+    return single_threaded_blas()
+
+
+def blas_single_thread(fn=None, *, width=None):
+    """Decorator: run ``fn`` under :func:`single_threaded_blas`; with ``width`` (a function of
+    ``fn``'s arguments giving its number of features), under :func:`blas_threads_for`."""
+    if fn is None:
+        return functools.partial(blas_single_thread, width=width)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        with single_threaded_blas():
+        with blas_threads_for(None if width is None else width(*args, **kwargs)):
             return fn(*args, **kwargs)
 
     return wrapper

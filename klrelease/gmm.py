@@ -331,7 +331,11 @@ def fit_gmm(X, y, *, classes=None) -> GMM:
     return GMM(st.weights, st.means, st.covariances, data.classes)
 
 
-@blas_single_thread  # one Cholesky factor per class: threaded BLAS only waits on busy cores
+def _gmm_width(g) -> int | None:
+    return np.shape(g.covariances)[-1] if np.ndim(g.covariances) else None
+
+
+@blas_single_thread(width=_gmm_width)  # one Cholesky factor per class
 def check_gmm(g: GMM) -> GMM:
     """``g`` itself if its covariances are symmetric positive definite and its class labels
     distinct (what an artifact requires); ``ValueError`` otherwise."""

@@ -92,6 +92,7 @@ class ResponsePlan(Plan):
 
     epsilon: float = 0.0
     n_classes: int = 0
+    n_features: int = 0
     rows: np.ndarray | None = None
     codes: np.ndarray | None = None
     source: object = None
@@ -136,7 +137,7 @@ class ResponsePlan(Plan):
                                            self.epsilon),
                 "means": 0.0, "covariances": 0.0}
 
-    @blas_single_thread  # per-class Grams and d x d work (see klrelease._threads)
+    @blas_single_thread(width=lambda self, output: self.n_features)  # d x d work
     @quiet
     def finalize(self, output: dict[str, np.ndarray]) -> GMM:
         if not output:  # the source failed during the pass (see sample)
@@ -180,9 +181,10 @@ def response_plan(data, *, name: str, epsilon: float, frame, estimate,
     if isinstance(data, Source):
         return ResponsePlan(mechanism=name, guarantee=guarantee, classes=data.classes,
                             public_options={**public, "data": "streamed in chunks"},
-                            epsilon=epsilon, n_classes=K, source=data, frame=frame,
-                            estimate=estimate, fallback=fallback)
+                            epsilon=epsilon, n_classes=K, n_features=data.n_features,
+                            source=data, frame=frame, estimate=estimate, fallback=fallback)
     return ResponsePlan(mechanism=name, guarantee=guarantee, classes=data.classes,
                         public_options=public, epsilon=epsilon, n_classes=K,
+                        n_features=data.n_features,
                         rows=frame.to_frame(data.X) if rows is None else rows,
                         codes=data.codes, estimate=estimate)

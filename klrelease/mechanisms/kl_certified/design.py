@@ -40,7 +40,7 @@ from scipy.linalg import solve_triangular
 from scipy.special import gammaln
 from scipy.stats import chi2
 
-from ...linalg import vech
+from ...linalg import combine_one, vech
 from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.projections import project_simplex
 from ...rows import affine_rows, clip_to_norm, row_block
@@ -891,6 +891,12 @@ def _blend(C: np.ndarray, T: np.ndarray, a: float, out: np.ndarray | None = None
     return out
 
 
+def _class_floor(settings: dict, tmin: float) -> float:
+    """The eigenvalue floor of a class covariance: ``class_floor`` times the smallest
+    eigenvalue ``tmin`` of its target (times 1 where that is not positive)."""
+    return settings["class_floor"] * (tmin if np.isfinite(tmin) and tmin > 0 else 1.0)
+
+
 def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: np.ndarray,
                      scatter: np.ndarray, target: np.ndarray, k: int,
                      corrected: bool = False, alt=None) -> np.ndarray:
@@ -904,11 +910,13 @@ def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: 
     d = pub.n_features
     s = pub.settings
     T = target
-    tmin = float(np.linalg.eigvalsh(T)[0])
-    floor = s["class_floor"] * (tmin if np.isfinite(tmin) and tmin > 0 else 1.0)
+    if not np.isfinite(noise.cov_sd[k]) and alt is None:  # the target, floored: one decomposition
+        w, V = eig_sym(T)
+        floor = _class_floor(s, float(w[0]) if np.all(np.isfinite(T)) else np.nan)
+        return eig_map(w, V, lambda w, f=floor: np.maximum(w, f))
+    floor = _class_floor(s, float(np.linalg.eigvalsh(T)[0]))
     if not np.isfinite(noise.cov_sd[k]):
-        T = T if alt is None else alt[0]
-        return eig_apply(T, lambda w, f=floor: np.maximum(w, f))
+        return eig_apply(alt[0], lambda w, f=floor: np.maximum(w, f))
     g = 1.0 if corrected else clip_factors(noise.radius[k], d)[1]
     dof = max(n[k] - 1.0, 1.0)
     C = _centred_moments(sums, scatter, n, k, dof * g)
@@ -1102,24 +1110,6 @@ def _sampling_cov(c: float, n: np.ndarray, cov: np.ndarray) -> np.ndarray:
     return (c / np.maximum(n, 1.0))[:, None, None] * cov
 
 
-def _combine(m1: np.ndarray, m2: np.ndarray, C1=None, C2=None, A1=None, A2=None,
-             want_cov: bool = True):
-    """One class of :func:`klrelease.linalg.precision_combine` (the same operations):
-    ``(m, C)`` with ``C = (C1^+ + C2^+)^+`` symmetrised (``None`` without ``want_cov``), each
-    precision ``A1``, ``A2`` given or the pseudo-inverse of its covariance."""
-    A1 = np.linalg.pinv(C1, hermitian=True) if A1 is None else A1
-    A2 = np.linalg.pinv(C2, hermitian=True) if A2 is None else A2
-    S = A1 + A2
-    C = np.linalg.pinv(S, hermitian=True)
-    del S
-    m = np.einsum("ij,j->i", C, np.einsum("ij,j->i", A1, m1) + np.einsum("ij,j->i", A2, m2))
-    if not want_cov:
-        return m, None
-    Cs = C + C.T
-    Cs *= 0.5
-    return m, Cs
-
-
 def _pooled(pub: PublicInputs, output: dict, n, means, means_cov, m1,
             cover: bool | str = False):
     if pub.label_flip:
@@ -1188,7 +1178,7 @@ def _first_round(pub: PublicInputs, output: dict, first: dict):
             A2k = None
         else:
             C2k, A2k = None, _region_precision(reg, f2, k)
-        means[k], Cm[k] = _combine(m1[k], m2[k], C1k, C2k, A1k, A2k)
+        means[k], Cm[k] = combine_one(m1[k], m2[k], C1k, C2k, A1k, A2k)
         del C1k, A1k, C2k, A2k
     P = _pooled(pub, output, n, means, Cm, m1)
     shapes = public_shapes(pub, responsibilities(pub, n, means, P), means, P)
@@ -1317,7 +1307,7 @@ def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
         mean_2, cov_2 = second["means"], second["means_cov"]
         means = np.empty((K, d))
         for k in range(K):
-            means[k] = _combine(mean_2[k], m3[k], C1=cov_2[k],
+            means[k] = combine_one(mean_2[k], m3[k], C1=cov_2[k],
                                 A2=_region_precision(reg, f3, k), want_cov=False)[0]
         covs = class_covariances(pub, reg, noise, n, S1, S2, second["covs"], corr)
         del S1, S2

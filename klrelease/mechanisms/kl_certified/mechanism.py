@@ -626,6 +626,11 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
                 window=_bound_window(domain), public_rows=None)
 
 
+def _plan_width(plan, *args, **kwargs) -> int:
+    """The number of features of a :class:`KLCertifiedPlan` (for ``klrelease._threads``)."""
+    return plan.public.n_features
+
+
 @dataclass
 class KLCertifiedPlan(Plan):
     """The output law of ``kl-certified`` on one dataset (holds private values: never publish).
@@ -735,12 +740,12 @@ class KLCertifiedPlan(Plan):
                 lc = -np.inf
         return lm, lc
 
-    @blas_single_thread
+    @blas_single_thread(width=_plan_width)
     @quiet
     def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         return self._sample(rng)[0]
 
-    @blas_single_thread
+    @blas_single_thread(width=_plan_width)
     @quiet
     def draw(self, rng: np.random.Generator) -> GMM:
         """Sample and finalise one release, the stage-C designs computed once: the sample
@@ -791,7 +796,7 @@ class KLCertifiedPlan(Plan):
                 rng, stats, second["noise"], d)
         return out, designs
 
-    @blas_single_thread
+    @blas_single_thread(width=_plan_width)
     @quiet
     def log_density(self, output: dict[str, np.ndarray]) -> dict[str, float]:
         pub = self.public
@@ -827,7 +832,7 @@ class KLCertifiedPlan(Plan):
             lm, lc = lm + a, lc + b
         return {"weights": lw, "means": lm, "covariances": lc}
 
-    @blas_single_thread
+    @blas_single_thread(width=_plan_width)
     @quiet
     def finalize(self, output: dict[str, np.ndarray]) -> GMM:
         return self._finalize(output, {})
@@ -922,7 +927,7 @@ class KLCertified(Mechanism):
         guarantee = response_guarantee(self.name, epsilon, delta, K, declared,
                                        "klrelease/mechanisms/kl_certified/kl_certified.md")
 
-        @blas_single_thread  # d x d work per class, like the Gaussian design's
+        @blas_single_thread(width=lambda m: d)  # d x d work per class, as the Gaussian design's
         def estimate(m):
             try:
                 w, mu, covs = response_estimate(m, epsilon=epsilon, n_classes=K, n_samples=N,
@@ -1013,7 +1018,7 @@ class KLCertified(Mechanism):
         )
 
 
-    @blas_single_thread
+    @blas_single_thread(width=lambda self, data, **_: data.n_features)
     def plan(self, data: LabelledData, *, epsilon: float, delta: float,
              **options) -> KLCertifiedPlan:
         # options: validated by Mechanism.plan (names, types, relation)
