@@ -246,3 +246,59 @@ def test_kl_paper_streams_classes_far_apart_relative_to_their_spread(monkeypatch
     true = np.stack([X[y == k].mean(axis=0) for k in range(3)])
     err = np.abs(mem.gmm.means - true)
     assert np.max(np.abs(streamed.gmm.means - mem.gmm.means) / err) < 1e-3
+
+
+@pytest.mark.parametrize("located", [False, True])
+def test_stage_c_map_of_raw_rows_in_a_box_is_the_chain_of_its_maps(located):
+    """Replace-one with a box: the fused map of raw rows (one clip into a box, one product)
+    gives the values of the bound's frame and clip, the located frame and the region clip
+    applied one after the other, rows far outside the box included."""
+    from klrelease.domain import Domain
+    from klrelease.mechanisms.kl_certified.locate import Located
+    from klrelease.mechanisms.kl_certified.mechanism import (
+        _fused_in_box,
+        _InFrame,
+        _Located,
+        _raw_map,
+        _RegionClip,
+        bound_frame,
+    )
+
+    rng = np.random.default_rng(7)
+    d, K = 4, 2
+    lo, hi = np.array([-3.0, 0.0, 10.0, -1e3]), np.array([5.0, 2.0, 50.0, 1e3])
+    frame, clip = bound_frame(Domain("box", d, lo, hi))
+    A = rng.normal(size=(K, d, d))
+    W = A @ np.swapaxes(A, 1, 2) + np.eye(d)
+    fn = _RegionClip(rng.normal(scale=0.3, size=(K, d)), W, np.array([1.5, 4.0]))
+    if located:
+        fn = _Located(fn, Located(np.array([0.1, -0.2, 0.0, 0.3]), np.array([0.2, 0.5, 1.0, 0.01]),
+                                  np.array([-3.0, -np.inf, -1.0, -5.0]),
+                                  np.array([2.0, 1.0, np.inf, 5.0])))
+    X = (lo + hi) / 2 + (hi - lo) * rng.normal(scale=0.8, size=(500, d))
+    fused = _fused_in_box(fn, frame, clip)
+    assert fused is not None and isinstance(_raw_map(fn, frame, clip), type(fused))
+    chain = _InFrame(fn, frame, clip)
+    for k in range(K):
+        np.testing.assert_allclose(fused(X, k), chain(X, k), rtol=1e-12, atol=1e-12)
+    # a located box that leaves a feature no interval falls back to the chain
+    if located:
+        empty = _Located(fn.fn, Located(fn.located.centre, fn.located.scale,
+                                        np.full(d, 20.0), np.full(d, 30.0)))
+        assert _fused_in_box(empty, frame, clip) is None
+
+
+def test_pooled_moments_in_one_pass_match_two_passes():
+    from klrelease.stream.moments import pooled_moments
+
+    rng = np.random.default_rng(3)
+    # rows in an order whose first block is far from the mean (the shift), at a large offset
+    X = np.sort(rng.standard_t(3, size=(30000, 3)) * [1.0, 1e3, 1e-3] + [1e6, -5.0, 0.0],
+                axis=0)
+    m, lo, hi = pooled_moments(X, extremes=True)
+    mean = X.mean(axis=0)
+    assert np.all(np.abs(m.means[0] - mean) <= 1e-13 * np.abs(X).max(axis=0))
+    np.testing.assert_allclose(m.scatters[0], (X - mean).T @ (X - mean), rtol=1e-9)
+    np.testing.assert_array_equal(lo, X.min(axis=0))
+    np.testing.assert_array_equal(hi, X.max(axis=0))
+    assert m.counts[0] == X.shape[0]

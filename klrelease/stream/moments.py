@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..rows import class_blocks, column_sums, row_block
+from ..rows import class_blocks, column_extremes, column_sums, row_block
 
 __all__ = ["ClassMoments", "chunk_moments", "class_sums", "bounded_class_moments",
            "pooled_moments", "sorted_moments", "sorted_bounded_moments", "RowMap"]
@@ -174,7 +174,30 @@ def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
 
 
 @_quiet
-def pooled_moments(rows: np.ndarray) -> ClassMoments:
-    """The count, mean and centred scatter of all ``rows`` as one class."""
+def pooled_moments(rows: np.ndarray, extremes: bool = False):
+    """The count, mean and centred scatter of all ``rows`` as one class, in one pass over
+    them: each block of :func:`~klrelease.rows.row_block` rows is summed and its scatter about
+    a shift ``s`` (the first block's mean) accumulated while it is in cache; the scatter about
+    the mean is then ``sum (x - s)(x - s)^T - n (m - s)(m - s)^T``. With ``extremes``, also
+    each column's minimum and maximum (read in the same pass): ``(moments, lo, hi)``."""
     rows = np.asarray(rows, dtype=np.float64)
-    return sorted_moments(rows, np.array([0, rows.shape[0]]))
+    n, d = rows.shape
+    step = row_block(d)
+    lo, hi = np.full(d, np.inf), np.full(d, -np.inf)
+    total, scat = np.zeros(d), np.zeros((d, d))
+    shift = column_sums(rows[:step]) / min(step, n) if n else np.zeros(d)
+    C = np.empty((min(step, n), d))
+    for a in range(0, n, step):
+        block = rows[a:a + step]
+        if extremes:
+            blo, bhi = column_extremes(block)
+            np.minimum(lo, blo, out=lo)
+            np.maximum(hi, bhi, out=hi)
+        total += column_sums(block)
+        Cb = np.subtract(block, shift, out=C[:block.shape[0]])
+        scat += Cb.T @ Cb
+    mean = total / n if n else np.zeros(d)
+    delta = mean - shift
+    scat -= n * np.multiply.outer(delta, delta)
+    m = ClassMoments(np.array([float(n)]), mean[None, :], scat[None, :, :])
+    return (m, lo, hi) if extremes else m

@@ -43,7 +43,6 @@ from ...rows import (
     class_blocks,
     clip_to_bounds,
     clip_to_norm,
-    column_extremes,
     column_sums,
     row_block,
 )
@@ -73,6 +72,7 @@ from .design import (
     symmetric_gaussian_logpdf,
 )
 from .locate import (
+    Located,
     Window,
     bins_of,
     can_locate,
@@ -266,14 +266,14 @@ def _grouped_rows(X: np.ndarray, codes: np.ndarray, n_classes: int, frame: Frame
 
 def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Label flip: the mean, covariance and centred scatter of the public features, their
-    scales checked first (:func:`check_scales`) so that none overflows."""
+    magnitudes checked (:func:`check_scales`) before the moments are used."""
     N, d = X.shape
     with np.errstate(all="ignore"):
-        # max |x| per feature without a temporary array of |X|
-        lo, hi = column_extremes(X) if N else (np.zeros(d), np.zeros(d))
-        check_scales(np.maximum(hi, -lo), "the features' magnitudes")
-        # the moments a streamed source computes (pooled_moments), in one pass
-        return _pooled_covariance(pooled_moments(X))
+        # the moments a streamed source computes (pooled_moments) and max |x| per feature, in
+        # one pass; the magnitudes are checked before the moments are used
+        m, lo, hi = pooled_moments(X, extremes=True)
+        check_scales(np.maximum(hi, -lo) if N else np.zeros(d), "the features' magnitudes")
+        return _pooled_covariance(m)
 
 
 def _pooled_covariance(m) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -397,11 +397,44 @@ class _GatheredRows:
 
 def _raw_map(fn, frame: Frame, clip):
     """A per-class map of frame rows as a map of raw rows: stage C's region clip fused with
-    the frame into one product where no bound's clip comes between them."""
+    the frame into one product where no bound's clip comes between them, or where the bound
+    is a box in a diagonal frame (its clip, and the located frame's, are then one clip of the
+    raw features into a box, :func:`_fused_in_box`)."""
     if isinstance(fn, _RegionClip) and clip is None:
         return _FusedRegionClip(frame.centre + fn.centres @ frame.W_inv, frame.W @ fn.W,
                                 fn.radii)
-    return _InFrame(fn, frame, clip)
+    fused = _fused_in_box(fn, frame, clip)
+    return _InFrame(fn, frame, clip) if fused is None else fused
+
+
+def _fused_in_box(fn, frame: Frame, clip):
+    """Replace-one with a public box: ``fn`` (stage C's region clip, in the located frame or
+    not) after the box's diagonal frame and clip, as one clip of the raw features into a box
+    and one product (:class:`_FusedRegionClip`); ``None`` where that does not apply.
+
+    Each feature goes through increasing affine maps and clips into intervals (the bound's
+    frame ``t = (x - c) / h`` clipped into [-1, 1], the located frame ``u = (t - l) / s``
+    clipped into its box), which is one clip of ``x`` into the intersection of the intervals'
+    preimages followed by one affine map (the same values up to rounding)."""
+    if clip is not _clip_box:
+        return None
+    w = np.diagonal(frame.W)
+    if not (np.array_equal(frame.W, np.diag(w)) and np.all(w > 0)):
+        return None
+    h = 1.0 / w
+    lo, hi = frame.centre - h, frame.centre + h
+    region, off, s = fn, frame.centre, h
+    if isinstance(fn, _Located) and isinstance(fn.located, Located):
+        loc, region = fn.located, fn.fn
+        off = frame.centre + h * loc.centre
+        s = h * loc.scale
+        lo = np.maximum(lo, off + s * loc.lower)
+        hi = np.minimum(hi, off + s * loc.upper)
+    if not (isinstance(region, _RegionClip) and np.all(np.isfinite(s)) and np.all(s > 0)
+            and np.all(lo <= hi)):
+        return None
+    return _FusedRegionClip(off + region.centres * s, region.W / s[None, :, None],
+                            region.radii, lo, hi)
 
 
 @dataclass(frozen=True)
@@ -419,15 +452,20 @@ class _FrameClip:
 
 @dataclass(frozen=True)
 class _FusedRegionClip:
-    """Stage C's map of raw rows without a bound's clip: ``clip_r((x - a_k) V_k)`` with
-    ``a_k = centre + c_k W^-1`` and ``V_k = W W_k``, i.e. ``clip_r((to_frame(x) - c_k) W_k)``
-    in one matrix product."""
+    """Stage C's map of raw rows in one matrix product: ``clip_r((x - a_k) V_k)``, the raw
+    features first clipped into the box ``[lower, upper]`` when given (:func:`_fused_in_box`).
+    Without a bound's clip ``a_k = centre + c_k W^-1`` and ``V_k = W W_k``, i.e.
+    ``clip_r((to_frame(x) - c_k) W_k)``."""
 
     offsets: np.ndarray
     V: np.ndarray
     radii: np.ndarray
+    lower: np.ndarray | None = None
+    upper: np.ndarray | None = None
 
     def __call__(self, X: np.ndarray, k: int) -> np.ndarray:
+        if self.lower is not None:
+            X = clip_to_bounds(X, self.lower, self.upper)  # a new array: X is the data
         return clip_to_norm(affine_rows(X, self.offsets[k], self.V[k]), self.radii[k])
 
 
