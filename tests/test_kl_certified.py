@@ -888,3 +888,28 @@ def test_label_flip_releases_class_second_moments_only_when_their_noise_is_moder
             seen.add((adjacency, bool(released.any()), bool(np.any(nu[released] > ratio * D))))
     # both relations release at large budgets; only replace-one releases noisier moments
     assert ("label-flip", True, False) in seen and ("replace-one", True, True) in seen, seen
+
+
+def test_label_flip_tail_corrections_do_not_give_a_small_class_the_far_rows_of_a_wide_one():
+    """Label flip, Gaussian design: two classes of 385 rows whose shapes differ from the
+    pooled one (standard deviations 0.2-5 in rotated axes) and one of 30 rows, d = 4. The
+    pooled-covariance posterior gave the small class far rows of a wide class, and their
+    distance from its region entered its tail corrections whatever the budget: E[KL] rose from
+    2.2 at eps = 2 to 6.5 at eps = 10. A row now counts toward a class's corrections only as far
+    as the posterior with the classes' public shapes agrees (``design.tail_posterior``)."""
+    rng = np.random.default_rng(105)
+    X, y = [], []
+    for k, n in enumerate((385, 385, 30)):
+        mu = rng.normal(0, 3, 4)
+        Q = np.linalg.qr(rng.normal(size=(4, 4)))[0]
+        sd = np.exp(rng.uniform(np.log(0.2), np.log(5), 4))
+        X.append(mu + rng.normal(size=(n, 4)) @ (Q * sd).T)
+        y.append(np.full(n, k))
+    X, y = np.vstack(X), np.concatenate(y)
+    fit = kr.fit_gmm(X, y, classes=range(3))
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1, 2))
+    kl = {}
+    for eps in (2.0, 10.0):
+        p = kr.plan(X, y, classes=[0, 1, 2], epsilon=eps, delta=1e-5, design="gaussian")
+        kl[eps] = kr.expected_kl(p, ref, n_draws=8, seed=0).mean
+    assert kl[10.0] < 0.7 * kl[2.0], kl

@@ -578,12 +578,20 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     T = pub.public_rows  # every stored row: row by row the same values
     lw = np.log(np.maximum(n / n.sum(), 1e-300))
     L = np.empty((T.shape[0], len(n)))
+    d = T.shape[1]
+    step = row_block(d)
     try:
         for k in range(len(n)):
             ch = np.linalg.cholesky(0.5 * (covs[k] + covs[k].T))
-            z = solve_triangular(ch, (T - means[k]).T, lower=True, check_finite=False)
-            L[:, k] = lw[k] - np.log(np.diag(ch)).sum() - 0.5 * np.einsum("ij,ij->j", z, z)
-            del z
+            # z = ch^-1 (t - m_k) for every row: one product with the factor's inverse per
+            # block of rows (a matrix product, several times faster than a triangular solve
+            # with many right-hand sides)
+            inv_t = solve_triangular(ch, np.eye(d), lower=True, check_finite=False).T
+            L[:, k] = lw[k] - np.log(np.diag(ch)).sum()
+            for a in range(0, T.shape[0], step):
+                z = affine_rows(T[a:a + step], means[k], inv_t)
+                L[a:a + step, k] -= 0.5 * np.einsum("ij,ij->i", z, z)
+                del z
     except np.linalg.LinAlgError:
         return fallback
     if getattr(pub, "public_index", None) is not None:
@@ -593,6 +601,24 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     L -= L.max(axis=1, keepdims=True)
     R = np.exp(L)
     return R / R.sum(axis=1, keepdims=True)
+
+
+def tail_posterior(pub: PublicInputs, n: np.ndarray, means: np.ndarray, pooled: np.ndarray,
+                   resp: np.ndarray | None) -> np.ndarray | None:
+    """Label flip: the weights of the public rows in the first round's tail corrections.
+
+    ``resp`` (:func:`responsibilities`, one pooled covariance) is linear in the row: it gives
+    the far rows of a wide class to a small class whose mean lies in their direction, and
+    their distance from that class's region then enters its corrections at any budget. The
+    posterior with each class's public shape (:func:`class_responsibilities`, the shapes from
+    ``resp``) sees the classes' widths but trusts shapes that heavy tails inflate. A row counts
+    toward a class's corrections as far as both give it to that class: the minimum of the two
+    (a row's weights may then sum to less than one). Post-processing of released values and
+    public features."""
+    if resp is None:
+        return None
+    shapes = public_shapes(pub, resp, means, pooled)
+    return np.minimum(class_responsibilities(pub, n, means, shapes, resp), resp)
 
 
 def public_shapes(pub: PublicInputs, resp: np.ndarray | None, means: np.ndarray,
@@ -1152,7 +1178,8 @@ def _first_round(pub: PublicInputs, output: dict, first: dict):
     the combination are d x d matrices of one class, never a stack of them."""
     d, K = pub.n_features, pub.n_classes
     n, reg, noise = first["n"], first["regions"], first["noise"]
-    S1, S2, corr = _corrected(pub, reg, first["resp"], output, "")
+    S1, S2, corr = _corrected(pub, reg, tail_posterior(pub, n, first["m1"], first["pooled"],
+                                                       first["resp"]), output, "")
     m1, C1 = first["m1"], first["C1"]
     m2 = _region_centres(reg, n, S1, d, corr)
     c = pub.sample_scale
