@@ -44,9 +44,9 @@ def unvech(v: np.ndarray, d: int, *, isometric: bool = False) -> np.ndarray:
 def spd_inverse(C: np.ndarray) -> np.ndarray:
     """The inverse of the symmetric part of one matrix ``C``, from its Cholesky factor (LAPACK
     ``potrf`` and ``potri``: about a fifth of the cost of an eigendecomposition at d = 1000),
-    or its pseudo-inverse (``hermitian``) where it has no factor or the factor's diagonal spans
-    more than :data:`CHOLESKY_RATIO` (near singular: the pseudo-inverse drops what the inverse
-    would blow up)."""
+    or its pseudo-inverse (``hermitian``, symmetrised) where it has no factor or the factor's
+    diagonal spans more than :data:`CHOLESKY_RATIO` (near singular: the pseudo-inverse drops
+    what the inverse would blow up). Exactly symmetric either way."""
     S = 0.5 * (C + np.swapaxes(C, -1, -2))
     if S.shape[-1] and np.all(np.isfinite(S)):
         c, info = lapack.dpotrf(S, lower=False, clean=False)
@@ -56,7 +56,10 @@ def spd_inverse(C: np.ndarray) -> np.ndarray:
             if info == 0 and np.all(np.isfinite(inv)):
                 upper = np.triu(inv)
                 return upper + np.triu(upper, 1).T
-    return np.linalg.pinv(S, hermitian=True)
+    P = np.linalg.pinv(S, hermitian=True)
+    P += P.T
+    P *= 0.5
+    return P
 
 
 def combine_one(m1: np.ndarray, m2: np.ndarray, C1=None, C2=None, A1=None, A2=None,

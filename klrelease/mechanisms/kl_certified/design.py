@@ -1335,7 +1335,7 @@ def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
         means = np.empty((K, d))
         for k in range(K):
             means[k] = combine_one(mean_2[k], m3[k], C1=cov_2[k],
-                                A2=_region_precision(reg, f3, k), want_cov=False)[0]
+                                   A2=_region_precision(reg, f3, k), want_cov=False)[0]
         covs = class_covariances(pub, reg, noise, n, S1, S2, second["covs"], corr)
         del S1, S2
     weights = released_weights(output["counts"], N, K)
