@@ -603,22 +603,22 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     return R / R.sum(axis=1, keepdims=True)
 
 
-def tail_posterior(pub: PublicInputs, n: np.ndarray, means: np.ndarray, pooled: np.ndarray,
+def tail_posterior(pub: PublicInputs, n: np.ndarray, means: np.ndarray, covs: np.ndarray | None,
                    resp: np.ndarray | None) -> np.ndarray | None:
-    """Label flip: the weights of the public rows in the first round's tail corrections.
+    """Label flip: the weights of the public rows in a round's tail corrections.
 
     ``resp`` (:func:`responsibilities`, one pooled covariance) is linear in the row: it gives
     the far rows of a wide class to a small class whose mean lies in their direction, and
     their distance from that class's region then enters its corrections at any budget. The
-    posterior with each class's public shape (:func:`class_responsibilities`, the shapes from
-    ``resp``) sees the classes' widths but trusts shapes that heavy tails inflate. A row counts
+    posterior with each class's own covariance ``covs`` (:func:`class_responsibilities`: the
+    public class shapes in the first round, the first round's class covariances in the
+    second) sees the classes' widths but trusts shapes that heavy tails inflate. A row counts
     toward a class's corrections as far as both give it to that class: the minimum of the two
     (a row's weights may then sum to less than one). Post-processing of released values and
     public features."""
     if resp is None:
         return None
-    shapes = public_shapes(pub, resp, means, pooled)
-    return np.minimum(class_responsibilities(pub, n, means, shapes, resp), resp)
+    return np.minimum(class_responsibilities(pub, n, means, covs, resp), resp)
 
 
 def public_shapes(pub: PublicInputs, resp: np.ndarray | None, means: np.ndarray,
@@ -1178,8 +1178,12 @@ def _first_round(pub: PublicInputs, output: dict, first: dict):
     the combination are d x d matrices of one class, never a stack of them."""
     d, K = pub.n_features, pub.n_classes
     n, reg, noise = first["n"], first["regions"], first["noise"]
-    S1, S2, corr = _corrected(pub, reg, tail_posterior(pub, n, first["m1"], first["pooled"],
-                                                       first["resp"]), output, "")
+    resp = first["resp"]
+    if resp is not None:
+        resp = tail_posterior(pub, n, first["m1"],
+                              public_shapes(pub, resp, first["m1"], first["pooled"]), resp)
+    S1, S2, corr = _corrected(pub, reg, resp, output, "")
+    del resp
     m1, C1 = first["m1"], first["C1"]
     m2 = _region_centres(reg, n, S1, d, corr)
     c = pub.sample_scale
@@ -1326,8 +1330,9 @@ def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
         second = round_two_design(pub, output, first) if second is None else second
         n, reg, noise = second["n"], second["regions"], second["noise"]
         # the last round's tail corrections weight the public rows by the posterior with the
-        # first round's class covariances (the pooled one's error does not fall with the noise)
-        resp = class_responsibilities(pub, n, second["means"], second["covs"], first["resp"])
+        # first round's class covariances (the pooled one's error does not fall with the
+        # noise), capped by the pooled one
+        resp = tail_posterior(pub, n, second["means"], second["covs"], first["resp"])
         S1, S2, corr = _corrected(pub, reg, resp, output, "_2")
         m3 = _region_centres(reg, n, S1, d, corr)
         f3 = _region_precision_scales(reg, noise, n, d, corr)
