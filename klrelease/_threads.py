@@ -6,6 +6,8 @@ work (measured: 0.25 s against 0.02 s per release at d = 30 on a loaded 2-core m
 From :data:`THREADED_FROM` features on the d x d products and decompositions are large enough
 for threads to pay, and BLAS is left as it is (measured on 2 cores, kl-certified at N = 1e4:
 d = 250 0.35 s on one thread, 0.39 s threaded; d = 500 1.38 / 1.11 s; d = 1000 6.8 / 4.5 s).
+Threaded BLAS may round differently with a different number of cores, so from that width a
+seeded release is reproducible to rounding, not bit for bit, across machines.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Half-vectorisation of symmetric matrices, the one used throughout the library.
+"""The library's small linear algebra: half-vectorisation of symmetric matrices (the one used
+throughout the library), inverses of covariances and precision-weighted combination.
 
 ``vech(S)`` lists the upper triangle (diagonal included) of each matrix of ``S``. With
 ``isometric=True`` the off-diagonal entries are scaled by sqrt(2), so that
@@ -13,9 +14,10 @@ from scipy.linalg import lapack
 
 __all__ = ["vech", "unvech", "spd_inverse", "combine_one", "precision_combine"]
 
-#: :func:`spd_inverse` takes the pseudo-inverse where the Cholesky factor's diagonal spans
-#: more than this ratio (the matrix is then near singular, where the two differ)
-CHOLESKY_RATIO = 1e-6
+#: :func:`spd_inverse` takes the pseudo-inverse where the Cholesky factor of the matrix scaled
+#: to a unit diagonal has a diagonal entry below this (the matrix is then near singular, where
+#: the two differ)
+CHOLESKY_RATIO = 1e-4
 
 
 def vech(S: np.ndarray, *, isometric: bool = False) -> np.ndarray:
@@ -42,20 +44,25 @@ def unvech(v: np.ndarray, d: int, *, isometric: bool = False) -> np.ndarray:
 
 
 def spd_inverse(C: np.ndarray) -> np.ndarray:
-    """The inverse of the symmetric part of one matrix ``C``, from its Cholesky factor (LAPACK
-    ``potrf`` and ``potri``: about a fifth of the cost of an eigendecomposition at d = 1000),
-    or its pseudo-inverse (``hermitian``, symmetrised) where it has no factor or the factor's
-    diagonal spans more than :data:`CHOLESKY_RATIO` (near singular: the pseudo-inverse drops
-    what the inverse would blow up). Exactly symmetric either way."""
+    """The inverse of the symmetric part ``S`` of one matrix ``C``, from a Cholesky factor
+    (LAPACK ``potrf`` and ``potri``: about a fifth of the cost of an eigendecomposition at
+    d = 1000) of ``S`` scaled to a unit diagonal (so that the test below does not depend on the
+    features' units), or the pseudo-inverse of ``S`` (``hermitian``, symmetrised) where ``S`` is
+    not finite, has a diagonal entry that is not positive, has no factor, or its scaled
+    factor's diagonal falls below :data:`CHOLESKY_RATIO` (near singular: the pseudo-inverse
+    drops what the inverse would blow up). Exactly symmetric either way."""
     S = 0.5 * (C + np.swapaxes(C, -1, -2))
-    if S.shape[-1] and np.all(np.isfinite(S)):
-        c, info = lapack.dpotrf(S, lower=False, clean=False)
-        diag = np.abs(np.diag(c))
-        if info == 0 and diag.min() >= CHOLESKY_RATIO * diag.max():
+    diag = np.diagonal(S)
+    if S.shape[-1] and np.all(np.isfinite(S)) and np.all(diag > 0):
+        r = 1.0 / np.sqrt(diag)
+        c, info = lapack.dpotrf(S * r[:, None] * r[None, :], lower=False, clean=False)
+        if info == 0 and np.abs(np.diag(c)).min() >= CHOLESKY_RATIO:
             inv, info = lapack.dpotri(c, lower=False)
             if info == 0 and np.all(np.isfinite(inv)):
-                upper = np.triu(inv)
-                return upper + np.triu(upper, 1).T
+                upper = np.triu(inv) * np.outer(r, r)  # r_i r_j: one product, symmetric
+                upper += np.triu(upper, 1).T
+                if np.all(np.isfinite(upper)):
+                    return upper
     P = np.linalg.pinv(S, hermitian=True)
     P += P.T
     P *= 0.5

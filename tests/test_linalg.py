@@ -29,6 +29,14 @@ def test_spd_inverse_is_the_pseudo_inverse_where_there_is_no_factor():
                                atol=1e-10)
     indefinite = np.diag([2.0, -1.0, 3.0])
     np.testing.assert_allclose(spd_inverse(indefinite), np.diag([0.5, -1.0, 1 / 3]))
+    # singular, with features in very different units: LAPACK factors it, and the factor's
+    # diagonal spans less than 1e-6 (a test on the unscaled factor took the "inverse", with
+    # entries of 2.7e17 against the pseudo-inverse's 9.7e5); the scaled factor's test sees it
+    other = np.random.default_rng(8)
+    other.normal(size=(5, 4))
+    B = other.normal(size=(300, 299)) * np.geomspace(1e-3, 1e3, 300)[:, None]
+    ref = np.linalg.pinv(B @ B.T, hermitian=True)
+    np.testing.assert_allclose(spd_inverse(B @ B.T), 0.5 * (ref + ref.T), rtol=0, atol=0)
     # a near-singular matrix that has a factor: the pseudo-inverse drops the null direction
     near = singular + 1e-15 * np.eye(5)
     ref = np.linalg.pinv(near, hermitian=True)
@@ -60,16 +68,17 @@ def _blas_threads() -> int:
 
 
 def test_blas_runs_on_one_thread_below_the_width_where_threads_pay():
-    pytest.importorskip("threadpoolctl")
+    threadpoolctl = pytest.importorskip("threadpoolctl")
     seen = {}
 
     @blas_single_thread(width=lambda d: d)
     def work(d):
         seen[d] = _blas_threads()
 
-    outside = _blas_threads()
-    work(THREADED_FROM - 1)
-    work(THREADED_FROM)
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):  # two threads outside, anywhere
+        outside = _blas_threads()
+        work(THREADED_FROM - 1)
+        work(THREADED_FROM)
+        assert _blas_threads() == outside == 2
     assert seen[THREADED_FROM - 1] == 1
-    assert seen[THREADED_FROM] == outside
-    assert _blas_threads() == outside
+    assert seen[THREADED_FROM] == 2

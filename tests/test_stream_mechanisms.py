@@ -281,6 +281,10 @@ def test_stage_c_map_of_raw_rows_in_a_box_is_the_chain_of_its_maps(located):
     chain = _InFrame(fn, frame, clip)
     for k in range(K):
         np.testing.assert_allclose(fused(X, k), chain(X, k), rtol=1e-12, atol=1e-12)
+    # a ball is not a box: its clip is not per feature, and the chain stays
+    ball_frame, ball_clip = bound_frame(Domain.ball(3.0, d))
+    assert _fused_in_box(fn, ball_frame, ball_clip) is None
+    assert isinstance(_raw_map(fn, ball_frame, ball_clip), _InFrame)
     # a located box that leaves a feature no interval falls back to the chain
     if located:
         empty = _Located(fn.fn, Located(fn.located.centre, fn.located.scale,
@@ -292,13 +296,17 @@ def test_pooled_moments_in_one_pass_match_two_passes():
     from klrelease.stream.moments import pooled_moments
 
     rng = np.random.default_rng(3)
-    # rows in an order whose first block is far from the mean (the shift), at a large offset
-    X = np.sort(rng.standard_t(3, size=(30000, 3)) * [1.0, 1e3, 1e-3] + [1e6, -5.0, 0.0],
+    # rows in an order whose first block is far from the mean (the shift), at large offsets
+    X = np.sort(rng.standard_t(3, size=(30000, 3)) * [1.0, 1e3, 1e-3] + [1e9, -5.0, -1e9],
                 axis=0)
     m, lo, hi = pooled_moments(X, extremes=True)
-    mean = X.mean(axis=0)
-    assert np.all(np.abs(m.means[0] - mean) <= 1e-13 * np.abs(X).max(axis=0))
-    np.testing.assert_allclose(m.scatters[0], (X - mean).T @ (X - mean), rtol=1e-9)
+    # the reference: differences from the first row (exact in float64 here), then long double
+    D = (X - X[0]).astype(np.longdouble)
+    dm = D.mean(axis=0)
+    scatter = (D.T @ D - X.shape[0] * np.outer(dm, dm)).astype(float)
+    ref_mean = (X[0] + dm).astype(float)  # to the rounding of values of this size
+    assert np.all(np.abs(m.means[0] - ref_mean) <= 2 * np.spacing(np.abs(X).max(axis=0)))
+    np.testing.assert_allclose(m.scatters[0], scatter, rtol=1e-12)
     np.testing.assert_array_equal(lo, X.min(axis=0))
     np.testing.assert_array_equal(hi, X.max(axis=0))
     assert m.counts[0] == X.shape[0]

@@ -176,15 +176,17 @@ def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
 @_quiet
 def pooled_moments(rows: np.ndarray, extremes: bool = False):
     """The count, mean and centred scatter of all ``rows`` as one class, in one pass over
-    them: each block of :func:`~klrelease.rows.row_block` rows is summed and its scatter about
-    a shift ``s`` (the first block's mean) accumulated while it is in cache; the scatter about
-    the mean is then ``sum (x - s)(x - s)^T - n (m - s)(m - s)^T``. With ``extremes``, also
-    each column's minimum and maximum (read in the same pass): ``(moments, lo, hi)``."""
+    them: each block of :func:`~klrelease.rows.row_block` rows is shifted by ``s`` (the first
+    block's mean), and its sum and scatter about ``s`` accumulated while it is in cache; then
+    ``delta = sum (x - s) / n``, the mean is ``s + delta`` and the scatter about it
+    ``sum (x - s)(x - s)^T - n delta delta^T`` (every term about the shift: a large common
+    offset costs no accuracy). With ``extremes``, also each column's minimum and maximum (read
+    in the same pass): ``(moments, lo, hi)``."""
     rows = np.asarray(rows, dtype=np.float64)
     n, d = rows.shape
     step = row_block(d)
     lo, hi = np.full(d, np.inf), np.full(d, -np.inf)
-    total, scat = np.zeros(d), np.zeros((d, d))
+    shifted, scat = np.zeros(d), np.zeros((d, d))
     shift = column_sums(rows[:step]) / min(step, n) if n else np.zeros(d)
     C = np.empty((min(step, n), d))
     for a in range(0, n, step):
@@ -193,11 +195,11 @@ def pooled_moments(rows: np.ndarray, extremes: bool = False):
             blo, bhi = column_extremes(block)
             np.minimum(lo, blo, out=lo)
             np.maximum(hi, bhi, out=hi)
-        total += column_sums(block)
         Cb = np.subtract(block, shift, out=C[:block.shape[0]])
+        shifted += column_sums(Cb)
         scat += Cb.T @ Cb
-    mean = total / n if n else np.zeros(d)
-    delta = mean - shift
+    delta = shifted / n if n else np.zeros(d)
+    mean = shift + delta
     scat -= n * np.multiply.outer(delta, delta)
     m = ClassMoments(np.array([float(n)]), mean[None, :], scat[None, :, :])
     return (m, lo, hi) if extremes else m

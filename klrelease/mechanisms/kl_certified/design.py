@@ -603,19 +603,19 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     return R / R.sum(axis=1, keepdims=True)
 
 
-def tail_posterior(pub: PublicInputs, n: np.ndarray, means: np.ndarray, covs: np.ndarray | None,
+def tail_posterior(pub: PublicInputs, n: np.ndarray, means: np.ndarray, covs: np.ndarray,
                    resp: np.ndarray | None) -> np.ndarray | None:
     """Label flip: the weights of the public rows in a round's tail corrections.
 
-    ``resp`` (:func:`responsibilities`, one pooled covariance) is linear in the row: it gives
-    the far rows of a wide class to a small class whose mean lies in their direction, and
-    their distance from that class's region then enters its corrections at any budget. The
-    posterior with each class's own covariance ``covs`` (:func:`class_responsibilities`: the
-    public class shapes in the first round, the first round's class covariances in the
-    second) sees the classes' widths but trusts shapes that heavy tails inflate. A row counts
-    toward a class's corrections as far as both give it to that class: the minimum of the two
-    (a row's weights may then sum to less than one). Post-processing of released values and
-    public features."""
+    ``resp`` (:func:`responsibilities`: one pooled covariance, at the stage-A centres, in both
+    rounds) has log-odds linear in the row: it gives the far rows of a wide class to a small
+    class whose mean lies in their direction, and their distance from that class's region then
+    enters its corrections at any budget. The posterior with each class's own covariance
+    ``covs`` (:func:`class_responsibilities`: the public class shapes in the first round, the
+    first round's class covariances in the second) sees the classes' widths but trusts shapes
+    that heavy tails inflate. A row counts toward a class's corrections as far as both give it
+    to that class: the minimum of the two (a row's weights may then sum to less than one).
+    Post-processing of released values and public features."""
     if resp is None:
         return None
     return np.minimum(class_responsibilities(pub, n, means, covs, resp), resp)
@@ -936,10 +936,10 @@ def class_covariance(pub: PublicInputs, noise: ClassNoise, n: np.ndarray, sums: 
     d = pub.n_features
     s = pub.settings
     T = target
-    if not np.isfinite(noise.cov_sd[k]) and alt is None:  # the target, floored: one decomposition
-        w, V = eig_sym(T)
-        floor = _class_floor(s, float(w[0]) if np.all(np.isfinite(T)) else np.nan)
-        return eig_map(w, V, lambda w, f=floor: np.maximum(w, f))
+    if not np.isfinite(noise.cov_sd[k]) and alt is None and np.all(np.isfinite(T)):
+        w, V = eig_sym(T)  # the target, floored: one decomposition
+        floor = _class_floor(s, float(w[0]))
+        return eig_map(w, V, lambda v: np.maximum(v, floor))
     floor = _class_floor(s, float(np.linalg.eigvalsh(T)[0]))
     if not np.isfinite(noise.cov_sd[k]):
         return eig_apply(alt[0], lambda w, f=floor: np.maximum(w, f))
@@ -1179,17 +1179,16 @@ def _first_round(pub: PublicInputs, output: dict, first: dict):
     d, K = pub.n_features, pub.n_classes
     n, reg, noise = first["n"], first["regions"], first["noise"]
     resp = first["resp"]
-    if resp is not None:
-        resp = tail_posterior(pub, n, first["m1"],
-                              public_shapes(pub, resp, first["m1"], first["pooled"]), resp)
+    resp = tail_posterior(pub, n, first["m1"],
+                          public_shapes(pub, resp, first["m1"], first["pooled"]), resp)
     S1, S2, corr = _corrected(pub, reg, resp, output, "")
     del resp
     m1, C1 = first["m1"], first["C1"]
     m2 = _region_centres(reg, n, S1, d, corr)
     c = pub.sample_scale
     # stage A read the sample: its centres carry the sample's own error too (and so did this
-    # round, when it read the sample): those precisions are pseudo-inverses, the others in
-    # closed form
+    # round, when it read the sample): those precisions are inverted (linalg.spd_inverse),
+    # the others in closed form
     sampled_a, sampled_c = c > 1, c > 1 and first["scale"] > 1
     mm = np.einsum("ki,ki->k", m1, m1)
     f2 = _region_precision_scales(reg, noise, n, d, corr)
@@ -1331,7 +1330,7 @@ def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
         n, reg, noise = second["n"], second["regions"], second["noise"]
         # the last round's tail corrections weight the public rows by the posterior with the
         # first round's class covariances (the pooled one's error does not fall with the
-        # noise), capped by the pooled one
+        # noise), capped by stage C's pooled posterior (at the stage-A centres)
         resp = tail_posterior(pub, n, second["means"], second["covs"], first["resp"])
         S1, S2, corr = _corrected(pub, reg, resp, output, "_2")
         m3 = _region_centres(reg, n, S1, d, corr)
