@@ -415,7 +415,8 @@ def test_the_release_converges_as_epsilon_grows(relation):
     for eps in (1.0, 10.0, 100.0, 1000.0):
         p = kr.plan(data, None, epsilon=eps, delta=1e-5, adjacency=relation)
         kl.append(kr.expected_kl(p, ref, n_draws=20, seed=2).mean)
-    assert all(b <= a * 1.05 for a, b in zip(kl, kl[1:], strict=False)), kl
+    # (1e-12: once the release is the fit, E[KL] is rounding, about -2e-16 here)
+    assert all(b <= a * 1.05 + 1e-12 for a, b in zip(kl, kl[1:], strict=False)), kl
     assert kl[-1] < 0.01, kl
 
 
