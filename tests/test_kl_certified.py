@@ -99,14 +99,16 @@ def _stage_sensitivities(p, q, out):
     rounds = [first] + ([design.round_two_design(w, out, first)]
                         if len(first["shares"]) > 1 else [])
     for dz, share in zip(rounds, first["shares"], strict=True):
-        S1p, S2p = p._stage_c(w, dz)
-        S1q, S2q = q._stage_c(w, dz)
+        (S1p, S2p, *np_), (S1q, S2q, *nq) = p._stage_c(w, dz), q._stage_c(w, dz)
         noise = dz["noise"]
         d4 = np.sum((S1p - S1q) ** 2 / noise.mean_sd[:, None] ** 2)
         fin = np.isfinite(noise.cov_sd)
         d4 += np.sum(np.sum((S2p - S2q)[fin] ** 2, axis=(1, 2)) / noise.cov_sd[fin] ** 2)
         got.append(d4)
         allowed.append(share)
+    if pub.counts_sampled:  # a one-pass release: every row's counts, from the last round's pass
+        got.append(np.sum((np_[0] - nq[0]) ** 2) / pub.counts_all_sd**2)
+        allowed.append(b.counts_all**2)
     return np.array(got), np.array(allowed)
 
 
@@ -470,14 +472,17 @@ def test_tiny_scales_with_a_constant_feature_release_a_valid_model(design):
         np.linalg.cholesky(rel.gmm.covariances)
 
 
-@pytest.mark.parametrize("relation", ["label-flip", "replace-one"])
-def test_stages_read_on_a_sample_stay_within_their_sensitivity(relation, monkeypatch):
+@pytest.mark.parametrize("relation,one_pass", [("label-flip", False), ("replace-one", False),
+                                               ("label-flip", True), ("replace-one", True)])
+def test_stages_read_on_a_sample_stay_within_their_sensitivity(relation, one_pass,
+                                                               monkeypatch):
     """Brute force on streamed data with more rows than the early stages' sample: the stages
     that read the sample (scaled, with their noise) and the last stage-C round that reads
     every row each move by at most their public whitened sensitivity, for a changed record
-    inside the sample and outside it."""
+    inside the sample and outside it. ``one_pass``: the sample read by row groups, and the
+    counts of every row released by the last round's pass."""
     from klrelease.stream import ArraySource
-    from klrelease.stream.sample import sample_indices
+    from klrelease.stream.sample import row_priorities, sample_groups, sample_indices
 
     monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", 500)
     X, y, box = _loose_box_data()
@@ -486,10 +491,17 @@ def test_stages_read_on_a_sample_stay_within_their_sensitivity(relation, monkeyp
     def source(X, y):
         return ArraySource(X, y, classes=[0, 1, 2], chunk_rows=211, **extra)
 
-    kw = dict(epsilon=30.0, delta=1e-5, adjacency=relation, design="gaussian")
+    kw = dict(epsilon=30.0, delta=1e-5, adjacency=relation, design="gaussian",
+              one_pass=one_pass)
     p = kr.plan(source(X, y), None, **kw)
     assert p.public.sample_scale == X.shape[0] / 500
-    inside = set(sample_indices(X.shape[0], 500).tolist())
+    assert p.public.counts_sampled == one_pass
+    if one_pass:  # the 500 rows of lowest priority in the chosen row groups
+        held = np.concatenate([np.arange(g * 211, min((g + 1) * 211, X.shape[0]))
+                               for g in sample_groups(source(X, y).row_groups(), 500)])
+        inside = set(held[np.argsort(row_priorities(0, X.shape[0])[held])[:500]].tolist())
+    else:
+        inside = set(sample_indices(X.shape[0], 500).tolist())
     rng = np.random.default_rng(3)
     worst, sampled_round = None, False
     for trial in range(12):
@@ -508,7 +520,10 @@ def test_stages_read_on_a_sample_stay_within_their_sensitivity(relation, monkeyp
         worst = ratio if worst is None else np.maximum(worst, ratio)
     assert sampled_round  # a first stage-C round read the sample
     assert np.all(worst <= 1 + 1e-9), worst
-    assert worst[-1] > 0.2 and worst[-2] > 0.05  # the rounds are exercised
+    rounds = worst[-3:-1] if one_pass else worst[-2:]
+    assert rounds[-1] > 0.2 and rounds[-2] > 0.05  # the rounds are exercised
+    if one_pass:  # the counts of every row: a changed label moves them by the full bound
+        assert worst[-1] > 0.99
 
 
 # --------------------------------------------------------------------------- cost at large d

@@ -618,6 +618,119 @@ def test_early_stages_read_a_labelled_sample_and_every_row_is_read_twice(adjacen
     assert kls[20_000] < 3 * kls[1 << 18] + 1e-4, kls
 
 
+@pytest.mark.parametrize("adjacency", ["label-flip", "replace-one"])
+def test_one_pass_reads_the_sample_by_row_groups_then_every_row_once(adjacency, monkeypatch):
+    """``one_pass``: the sample's row groups are read before any noise, then one pass over
+    every row (stage C's last round, which counts the rows too); the release stays close to
+    the two-pass one, its weights come from every row's counts, its budget still sums to mu."""
+    from klrelease.kl import kl_divergence
+    from klrelease.stream.sample import sample_groups
+
+    X, y = _data(n=60_000, d=3, offset=20.0)
+    extra = {"bounds": (X.min(0) - 5.0, X.max(0) + 5.0)} if adjacency == "replace-one" else {}
+    fit = klrelease.fit_gmm(X, y)
+    ref = klrelease.GMM(fit.weights, fit.means, fit.covariances, tuple(CLASSES))
+    kw = dict(epsilon=1.0, delta=1e-6, classes=CLASSES, adjacency=adjacency, design="gaussian",
+              **extra)
+    monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", 20_000)
+
+    class Counted(ArraySource):
+        passes, groups = 0, []
+
+        def chunks(self):
+            type(self).passes += 1
+            yield from super().chunks()
+
+        def read_group(self, g):
+            type(self).groups.append(g)
+            return super().read_group(g)
+
+    kls = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for one_pass in (False, True):
+            out = []
+            for seed in range(4):
+                Counted.passes, Counted.groups = 0, []
+                r = klrelease.release(Counted(X, y, chunk_rows=4500), None, seed=seed,
+                                      one_pass=one_pass, **kw)
+                out.append(kl_divergence(ref, r.gmm))
+                assert Counted.passes == (1 if one_pass else 2)
+                if one_pass:
+                    sizes = Counted(X, y, chunk_rows=4500).row_groups()
+                    assert Counted.groups == sample_groups(sizes, 20_000).tolist()
+                    assert 20_000 <= 4500 * len(Counted.groups) < 20_000 + 4500
+            kls[one_pass] = float(np.mean(out))
+    assert r.options["early_stages"].startswith("a sample of 20000 of the 60000 rows")
+    assert "one pass over every row" in r.options["early_stages"]
+    b = r.options["budget"]
+    assert b["counts_all"] == pytest.approx(b["counts"])
+    parts = [b[k] for k in ("counts", "counts_all", "sums", "scatter", "classes")]
+    assert float(np.sqrt(np.sum(np.square(parts)))) <= b["mu"] * (1 + 1e-12)
+    assert kls[True] < 3 * kls[False] + 1e-4, kls
+    # the weights are every row's counts (noise sd sqrt(2) / counts_all: a few rows)
+    assert np.max(np.abs(r.gmm.weights - fit.weights)) < 1e-3
+
+
+@pytest.mark.parametrize("adjacency", ["label-flip", "replace-one"])
+def test_one_pass_of_at_most_the_sample_is_the_two_pass_release(adjacency):
+    """No more rows than the early stages' sample: ``one_pass`` changes nothing (same seed,
+    same release, same budget)."""
+    X, y = _data(n=4000, d=3, offset=20.0)
+    extra = {"norm_bound": 40.0} if adjacency == "replace-one" else {}
+    kw = dict(epsilon=1.0, delta=1e-6, seed=5, classes=CLASSES, adjacency=adjacency,
+              design="gaussian", **extra)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = klrelease.release(ArraySource(X, y, chunk_rows=517), None, **kw)
+        b = klrelease.release(ArraySource(X, y, chunk_rows=517), None, one_pass=True, **kw)
+    _assert_same_release(a, b, rtol=0)
+    assert a.options["budget"] == b.options["budget"]
+
+
+def test_one_pass_validates_the_rest_after_noise_and_falls_back(tmp_path, monkeypatch):
+    """``one_pass`` on Parquet: a row that does not validate inside the sample's row groups is
+    refused before any noise; outside them the one pass finds it after noise was drawn, and
+    the release is the post-processing of what was released before (never an error then)."""
+    from klrelease.stream.sample import sample_groups
+
+    monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", 600)
+    X, y = _data(n=3000)
+    _write_parquet(tmp_path / "ok", X, y)  # row groups of 257 rows
+    kw = dict(epsilon=1.0, delta=1e-6, seed=1, design="gaussian", one_pass=True)
+    classes = ["c0", "c1", "c2"]
+    sizes = ParquetSource(tmp_path / "ok", "label", classes=classes).row_groups()
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    chosen = sample_groups(sizes, 600)
+    outside = next(g for g in range(len(sizes)) if g not in chosen)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for g, refused in ((chosen[0], True), (outside, False)):
+            X2 = X.copy()
+            X2[starts[g] + 3, 1] = np.nan
+            _write_parquet(tmp_path / f"bad{g}", X2, y)
+            src = ParquetSource(tmp_path / f"bad{g}", "label", classes=classes)
+            if refused:
+                with pytest.raises(ValueError, match="NaN or infinite"):
+                    klrelease.release(src, None, **kw)
+                continue
+            r = klrelease.release(src, None, **kw)
+            assert r.options.get("fallback")
+            assert np.all(np.isfinite(r.gmm.means))
+
+
+def test_one_pass_needs_row_groups_known_without_a_pass(tmp_path):
+    X, y = _data(n=300)
+    path = tmp_path / "d.csv"
+    np.savetxt(path, np.column_stack([X, y]), delimiter=",", header="a,b,c,label",
+               comments="")
+    kw = dict(epsilon=1.0, delta=1e-6, one_pass=True, classes=CLASSES)
+    with pytest.raises(ValueError, match="Parquet files or arrays"):
+        klrelease.release(CSVSource(path, "label"), None, **kw)
+    with pytest.raises(ValueError, match="data read in chunks"):
+        klrelease.release(X, y, **kw)
+
+
 def test_labelled_row_sample_keeps_each_rows_label():
     X, y = _data(n=5000, d=2)
     codes = np.asarray(y) % 3

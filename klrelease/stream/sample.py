@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RowSample", "row_priorities", "sample_indices", "sample_rows", "stage_rows",
-           "SAMPLE_ROWS", "STAGE_ROWS", "STAGE_VALUES"]
+__all__ = ["RowSample", "row_priorities", "sample_groups", "sample_indices", "sample_rows",
+           "stage_rows", "SAMPLE_ROWS", "STAGE_ROWS", "STAGE_VALUES"]
 
 #: Rows kept by the sample (a public constant: 2^16, about 5 MB at d = 10).
 SAMPLE_ROWS = 1 << 16
@@ -133,6 +133,18 @@ class RowSample:
         """The kept rows and their class codes, in priority order."""
         _, X, c = self._sorted()
         return X, c
+
+
+def sample_groups(sizes, size: int) -> np.ndarray:
+    """The row groups (numbers, ascending) a one-pass release reads its sample from: in the
+    order of the priorities of their numbers, until they hold ``size`` rows (or all of them).
+    A function of the groups' sizes alone."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    order = np.argsort(row_priorities(0, sizes.size), kind="stable")
+    order = order[sizes[order] > 0]
+    held = np.cumsum(sizes[order])
+    take = int(np.searchsorted(held, size)) + 1  # the first prefix holding ``size`` rows
+    return np.sort(order[:take])
 
 
 def sample_indices(n: int, size: int | None = None) -> np.ndarray:

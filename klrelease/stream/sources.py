@@ -227,6 +227,64 @@ class Source:
         so that it reads no label. Validates every chunk like :meth:`moments`."""
         return self.scan(_ChunkSums(len(self.resolve_classes()), g), add_tuples, None)
 
+    # ------------------------------------------------------- row groups (read without a pass)
+    def row_groups(self) -> list[int] | None:
+        """The number of rows of each of the source's row groups, in order, known without
+        reading a row (file metadata; public, like N), or ``None`` when only a pass can tell
+        (CSV, Dask). A row group is the unit :meth:`group_sample` reads."""
+        return None
+
+    def read_group(self, g: int) -> tuple[np.ndarray, np.ndarray | None]:  # pragma: no cover
+        """The raw rows ``(X, y)`` of row group ``g`` (see :meth:`row_groups`)."""
+        raise NotImplementedError
+
+    def group_sample(self, size: int) -> tuple[int, tuple[np.ndarray, np.ndarray], int]:
+        """The labelled sample of a one-pass release, read without a pass over the data.
+
+        Row groups are taken in the order of a fixed bijection of their index
+        (:func:`~klrelease.stream.sample.row_priorities` of the group numbers) until they hold
+        ``size`` rows or all the rows; of their rows, the ``size`` of lowest row priority are
+        kept. Which groups and rows is a function of the row groups' sizes alone (public
+        metadata), never of a value or label. The rows read are validated like any pass.
+        Returns ``(N, (rows, codes), rows read)``, the sample in priority order (private)."""
+        from .sample import row_priorities, sample_groups
+
+        sizes = self.row_groups()
+        if sizes is None:
+            raise ValueError("a one-pass release reads whole row groups before its pass and "
+                             "needs their sizes without reading the data: a Parquet source "
+                             "or arrays (CSV and Dask sources must be counted by a pass)")
+        sizes = np.asarray(sizes, dtype=np.int64)
+        N = int(sizes.sum())
+        if N == 0:
+            raise ValueError("the data has no rows")
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        chosen = sample_groups(sizes, size)
+        got = int(sizes[chosen].sum())
+        classes = self.resolve_classes()
+        parts = []
+        for g in chosen:
+            try:
+                X, y = self.read_group(g)
+            except (OSError, EOFError, ValueError) as exc:  # reading, not computing
+                raise _read_error(exc) from exc
+            if len(X) != sizes[g]:
+                raise SourceReadError(CHANGED)
+            X, codes = _chunk(X, y, self.n_features, classes)
+            p = row_priorities(int(starts[g]), len(X))
+            if len(X) > size:  # this group's candidates only
+                keep = np.argpartition(p, size - 1)[:size]
+                X, codes, p = X[keep], codes[keep], p[keep]
+            parts.append((p, X, codes))
+        p = np.concatenate([q[0] for q in parts])
+        keep = np.argsort(p)[:size] if p.size <= size else np.sort(
+            np.argpartition(p, size - 1)[:size])
+        keep = keep[np.argsort(p[keep])]  # priority order
+        if len(parts) == 1:
+            return N, (parts[0][1][keep], parts[0][2][keep]), got
+        return N, (np.concatenate([q[1] for q in parts])[keep],
+                   np.concatenate([q[2] for q in parts])[keep]), got
+
     # ------------------------------------------------------------- features only (no labels)
     def scan_rows(self, fn: Callable, merge: Callable, initial, *, indexed: bool = False,
                   block_rows: int | None = None):
@@ -533,6 +591,15 @@ class ArraySource(Source):
         for a in range(0, n, c):
             yield self.X[a:a + c], None if self.y is None else self.y[a:a + c]
 
+    def row_groups(self) -> list[int]:
+        """Blocks of ``chunk_rows`` rows (the last shorter)."""
+        n, c = self.X.shape[0], self.chunk_rows
+        return [min(c, n - a) for a in range(0, n, c)]
+
+    def read_group(self, g: int):
+        a, c = g * self.chunk_rows, self.chunk_rows
+        return self.X[a:a + c], None if self.y is None else self.y[a:a + c]
+
 
 # -------------------------------------------------------------------------------- files
 
@@ -609,15 +676,49 @@ class ParquetSource(Source):
                           classes=self.classes if self.classes_declared else None,
                           bounds=self.bounds, norm_bound=self.norm_bound, client=client)
 
+    @property
+    def _columns(self) -> list[str]:
+        return [*self.feature_names, *([] if self.label_column is None else
+                                       [self.label_column])]
+
     def chunks(self):
         import pyarrow.parquet as pq
 
-        cols = [*self.feature_names, *([] if self.label_column is None else
-                                       [self.label_column])]
+        cols = self._columns
         for p in self.paths:
             with pq.ParquetFile(p) as fh:
                 for batch in fh.iter_batches(batch_size=self.chunk_rows, columns=cols):
                     yield _batch_xy(batch, self.feature_names, self.label_column)
+
+    def _groups(self) -> list[tuple[Path, int, int]]:
+        """``(path, row group, rows)`` of every row group, in reading order (the files'
+        footers only, read once per source: a file changed since reads a group of another
+        size, which :meth:`group_sample` refuses)."""
+        import pyarrow.parquet as pq
+
+        if getattr(self, "_group_list", None) is not None:
+            return self._group_list
+        out = []
+        for p in self.paths:
+            try:
+                meta = pq.read_metadata(p)
+            except Exception as exc:  # pyarrow raises several types
+                raise SourceReadError(f"cannot read {p}: {exc.__class__.__name__}") from None
+            out.extend((p, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups))
+        self._group_list = out
+        return out
+
+    def row_groups(self) -> list[int]:
+        """The files' row groups (from their footers), in reading order."""
+        return [n for _, _, n in self._groups()]
+
+    def read_group(self, g: int):
+        import pyarrow.parquet as pq
+
+        p, i, _ = self._groups()[g]
+        with pq.ParquetFile(p) as fh:
+            table = fh.read_row_group(i, columns=self._columns)
+        return _batch_xy(table, self.feature_names, self.label_column)
 
 
 def _batch_xy(batch, features, label_column):

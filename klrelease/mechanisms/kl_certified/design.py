@@ -240,22 +240,27 @@ class Budget:
     scatter: float
     classes: float
     locate: float = 0.0
+    #: one-pass streamed release: the counts of every row, released in the last pass (the
+    #: ``counts`` above are then the early stages' sample's)
+    counts_all: float = 0.0
 
     @classmethod
     def split(cls, epsilon: float, delta: float, shares: dict) -> Budget:
         mu = gaussian_max_sensitivity(epsilon, delta)
         # the calibration is exact to ~1e-12; a relative margin keeps delta(eps) <= delta
         mu *= 1.0 - 1e-9
-        f = {k: float(shares.get(k, 0.0)) for k in ("counts", "sums", "scatter", "locate")}
+        f = {k: float(shares.get(k, 0.0))
+             for k in ("counts", "sums", "scatter", "locate", "counts_all")}
         rest = 1.0 - sum(f.values())
         return cls(epsilon, delta, mu, mu * np.sqrt(f["counts"]), mu * np.sqrt(f["sums"]),
-                   mu * np.sqrt(f["scatter"]), mu * np.sqrt(rest), mu * np.sqrt(f["locate"]))
+                   mu * np.sqrt(f["scatter"]), mu * np.sqrt(rest), mu * np.sqrt(f["locate"]),
+                   mu * np.sqrt(f["counts_all"]))
 
     @property
     def total(self) -> float:
         """sqrt of the sum of the stage sensitivities squared (equals ``mu``)."""
         return float(np.sqrt(self.counts**2 + self.sums**2 + self.scatter**2 + self.classes**2
-                             + self.locate**2))
+                             + self.locate**2 + self.counts_all**2))
 
     def delta_at(self, epsilon: float) -> float:
         """delta(eps) of this release (the Gaussian curve with shift ``mu``)."""
@@ -278,7 +283,9 @@ class Budget:
     def describe(self) -> str:
         return (f"one Gaussian mechanism of total whitened sensitivity mu = {self.mu:.6g} "
                 + (f"(locating {self.locate:.4g}, " if self.locate > 0 else "(")
-                + f"counts {self.counts:.4g}, sums {self.sums:.4g}"
+                + (f"sample counts {self.counts:.4g}, counts {self.counts_all:.4g}"
+                   if self.counts_all > 0 else f"counts {self.counts:.4g}")
+                + f", sums {self.sums:.4g}"
                 + (f", pooled scatter {self.scatter:.4g}" if self.scatter > 0 else "")
                 + f", class stage {self.classes:.4g}); delta({self.epsilon:g}) = "
                 f"{self.delta_at(self.epsilon):.4g} <= {self.delta:g}")
@@ -318,6 +325,9 @@ class PublicInputs:
     #: the first of two stage-C rounds read; their statistics and noise are both scaled by it
     #: (1: every stage reads every row)
     sample_scale: float = 1.0
+    #: one-pass streamed release: the released ``counts`` are the sample's, scaled (their
+    #: noise too), and the last pass releases every row's counts (``counts_all``)
+    counts_sampled: bool = False
 
     @property
     def label_flip(self) -> bool:
@@ -346,7 +356,13 @@ class PublicInputs:
 
     @property
     def count_sd(self) -> float:
-        return float(np.sqrt(2.0) / self.budget.counts)
+        scale = self.sample_scale if self.counts_sampled else 1.0
+        return float(scale * np.sqrt(2.0) / self.budget.counts)
+
+    @property
+    def counts_all_sd(self) -> float:
+        """Noise sd of every row's counts, released in a one-pass release's last pass."""
+        return float(np.sqrt(2.0) / self.budget.counts_all)
 
     @property
     def sums_sd(self) -> float:
@@ -405,13 +421,15 @@ def flip_radius(norms: np.ndarray, n_samples: int, n_classes: int, d: int, sens:
 # ------------------------------------------------------------------------- stage A: centres
 
 
-def robust_counts(pub: PublicInputs, counts: np.ndarray) -> np.ndarray:
+def robust_counts(pub: PublicInputs, counts: np.ndarray, sd: float | None = None
+                  ) -> np.ndarray:
     """Released counts as divisors: projected onto sum N (label flip; N is public under both
-    relations), then at least ``count_floor`` noise sd and 2 (a tiny or negative noisy count
-    would blow a class estimate up)."""
+    relations), then at least ``count_floor`` noise sd (``sd``, default the counts') and 2 (a
+    tiny or negative noisy count would blow a class estimate up)."""
     n = np.asarray(counts, dtype=float)
     n = n - (n.sum() - pub.n_samples) / pub.n_classes
-    return np.maximum(np.maximum(n, pub.settings["count_floor"] * pub.count_sd), 2.0)
+    sd = pub.count_sd if sd is None else sd
+    return np.maximum(np.maximum(n, pub.settings["count_floor"] * sd), 2.0)
 
 
 def centres(pub: PublicInputs, counts: np.ndarray, sums: np.ndarray):
@@ -1323,11 +1341,18 @@ def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
     """
     K, d, N = pub.n_classes, pub.n_features, pub.n_samples
     first = stage_c_design(pub, output) if first is None else first
+    # a one-pass release: the last round's divisors and the weights are every row's counts
+    # (released in that pass), the design's were the sample's
+    n_all = (robust_counts(pub, output["counts_all"], pub.counts_all_sd)
+             if "counts_all" in output else None)
     if len(first["shares"]) == 1:
-        means, _, _, covs = _first_round(pub, output, first)
+        means, _, _, covs = _first_round(pub, output,
+                                         first if n_all is None else {**first, "n": n_all})
     else:
         second = round_two_design(pub, output, first) if second is None else second
         n, reg, noise = second["n"], second["regions"], second["noise"]
+        if n_all is not None:
+            n = n_all
         # the last round's tail corrections weight the public rows by the posterior with the
         # first round's class covariances (the pooled one's error does not fall with the
         # noise), capped by stage C's pooled posterior (at the stage-A centres)
@@ -1342,7 +1367,7 @@ def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
                                    A2=_region_precision(reg, f3, k), want_cov=False)[0]
         covs = class_covariances(pub, reg, noise, n, S1, S2, second["covs"], corr)
         del S1, S2
-    weights = released_weights(output["counts"], N, K)
+    weights = released_weights(output["counts_all" if n_all is not None else "counts"], N, K)
     fr = pub.frame
     raw_means = fr.mean_to_raw(means)
     # positive definite by construction (floored in the class frame, mapped by congruence);

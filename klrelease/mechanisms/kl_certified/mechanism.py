@@ -99,6 +99,12 @@ class KLCertifiedOptions(MechanismOptions):
         "auto", description="label flip: the Gaussian stages, randomized response on the "
         "labels, or the one of the two whose expected KL is predicted lower from public "
         "inputs (auto); replace-one: gaussian")
+    one_pass: bool = Field(
+        False, description="data read in chunks from Parquet files or arrays, more rows than "
+        "the early stages' sample: read the sample's row groups, then pass over every row "
+        "once (the Gaussian design); rows are then validated as that pass reads them, after "
+        "noise is drawn (a row that does not validate makes the release the post-processing "
+        "of what was released before it)")
 
 
 ASSUMPTIONS = (
@@ -366,6 +372,11 @@ class _StreamRows:
     def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray]:
         return self.source.bounded_moments(_raw_map(fn, self.frame, self.clip))[1:]
 
+    def stats_and_counts(self, fn, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`stats` and the class counts of the same pass."""
+        n, S1, S2 = self.source.bounded_moments(_raw_map(fn, self.frame, self.clip))
+        return S1, S2, n
+
     def histograms(self, window, bins: int) -> np.ndarray:
         return self.source.scan(_ChunkHistograms(self.frame, self.clip, window, bins),
                                 _add, None)
@@ -576,14 +587,19 @@ def choose_design(epsilon: float, delta: float, n_samples: int, n_classes: int,
 
 
 def release_budget(epsilon: float, delta: float, relation: Adjacency, n_samples: int,
-                   d: int) -> Budget:
+                   d: int, one_pass: bool = False) -> Budget:
     """The budget split of a release (public inputs only). Under replace-one the locating
     stage gets its share only when the rows it reads (``N``, or the early stages' sample of
     :func:`~klrelease.stream.sample.stage_rows` rows when there are more) can be located at
     this budget (:func:`.locate.can_locate`); otherwise the bound's frame is used as it is."""
     from ...stream.sample import stage_rows
 
-    shares = SETTINGS[relation.value]
+    shares = dict(SETTINGS[relation.value])
+    if one_pass and n_samples > stage_rows(d):
+        # the counts' share, halved: the sample's (for the design) and every row's (the last
+        # pass; for the weights and the last round's divisors)
+        shares["counts"] /= 2.0
+        shares["counts_all"] = shares["counts"]
     if relation == Adjacency.LABEL_FLIP:
         return Budget.split(epsilon, delta, shares)
     budget = Budget.split(epsilon, delta, {**shares, "locate": SETTINGS["locate_share"]})
@@ -606,7 +622,7 @@ def _early_rows(frame: Frame, clip, labelled, n_classes: int, stage_a=None):
 
 
 def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_bound,
-                  budget_of, pooled=None):
+                  budget_of, pooled=None, one_pass: bool = False):
     """Passes over a chunked source for everything the plan needs before noise is drawn.
 
     Returns a dict: ``frame, rows, early, scale, n_early, N, R, total_scatter, sums, counts,
@@ -618,12 +634,26 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     passes over every row again. Label flip: pass 1 also reads the features (their count,
     mean and covariance: the frame; the row sample that gives the radius R); stage A passes
     over every row unless the sample stands in. Replace-one: pass 1 counts the classes.
+
+    ``one_pass`` (more rows than the sample): no pass 1. The sample is read from the row
+    groups that :meth:`~klrelease.stream.Source.group_sample` chooses, N from the files'
+    metadata; under label flip the frame, the radius and the public row sample are the
+    sample's; the counts (``counts_sampled``) are the sample's, and the one pass over every
+    row, stage C's last round, counts every row too.
     """
     from ...stream.sample import stage_rows
 
     d = source.n_features
     K = len(source.resolve_classes())
     S = stage_rows(d)
+    if one_pass:
+        groups = source.row_groups()
+        if groups is None:
+            raise ValueError("one_pass reads the early stages' sample by row groups and "
+                             "needs the number of rows without a pass: use Parquet files or "
+                             "arrays (a CSV or Dask source is counted by a pass)")
+        if sum(groups) > S:
+            return _one_pass_inputs(source, relation, norm_bound, budget_of, S)
     if relation == Adjacency.LABEL_FLIP:
         got = source.pooled_and_sample(labelled=S) if pooled is None else pooled
         m0, sample = got[:2]
@@ -661,6 +691,41 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
                 N=N, R=R, total_scatter=None, sums=None, counts=counts, total_sums=None,
                 where="the public bound, located by noisy histograms",
+                window=_bound_window(domain), public_rows=None)
+
+
+def _one_pass_inputs(source, relation: Adjacency, norm_bound, budget_of, S: int) -> dict:
+    """:func:`stream_inputs` of a one-pass release of more than ``S`` rows: the sample's rows
+    are read by row group, the rest only by stage C's last round."""
+    from ...stream.sample import SAMPLE_ROWS
+
+    d = source.n_features
+    K = len(source.resolve_classes())
+    N, labelled, _ = source.group_sample(S)
+    X, codes = labelled
+    c = N / X.shape[0]
+    # the sample's counts, scaled (their noise is too: PublicInputs.count_sd)
+    counts = c * np.bincount(codes, minlength=K).astype(float)
+    out = dict(N=N, scale=c, counts=counts, counts_sampled=True)
+    if relation == Adjacency.LABEL_FLIP:
+        # the public features of the sample: their moments give the frame (and, scaled to
+        # N rows, the total scatter), the first SAMPLE_ROWS of them the public row sample
+        mean, C, M2 = _public_moments(X)
+        frame = whitening_frame(mean, C)
+        public_rows = frame.to_frame(X[:SAMPLE_ROWS])
+        R = sample_radius(frame, None, budget_of(N), S, K, public_rows)
+        early, sums = _early_rows(frame, None, labelled, K, _CentredClip(np.zeros((K, d)), R))
+        return dict(out, frame=frame, rows=_StreamRows(source, frame, None), early=early,
+                    R=R, total_scatter=frame_scatter(frame, M2 * ((N - 1) / (X.shape[0] - 1))),
+                    sums=c * sums, total_sums=c * _frame_sums(early.rows, R),
+                    where="the public features (whitened)", window=None,
+                    public_rows=public_rows)
+    domain = _public_bound(source.domain, norm_bound, False, d)
+    frame, clip = bound_frame(domain)
+    return dict(out, frame=frame, rows=_StreamRows(source, frame, clip),
+                early=_early_rows(frame, clip, labelled, K)[0],
+                R=located_radius(d, S, K, budget_of(N)), total_scatter=None, sums=None,
+                total_sums=None, where="the public bound, located by noisy histograms",
                 window=_bound_window(domain), public_rows=None)
 
 
@@ -724,12 +789,15 @@ class KLCertifiedPlan(Plan):
                                                            pub.radius)), pub.n_features)[1]
         return pub.sample_scale * S2.sum(axis=0)
 
-    def _stage_c(self, pub: PublicInputs, design: dict) -> tuple[np.ndarray, np.ndarray]:
+    def _stage_c(self, pub: PublicInputs, design: dict) -> tuple[np.ndarray, ...]:
         """A stage-C round's statistics: every row, or (the first of two rounds on a subset,
-        ``design["scale"]`` > 1) the subset's, scaled."""
+        ``design["scale"]`` > 1) the subset's, scaled. A one-pass release's round over every
+        row returns the class counts too."""
         reg = design["regions"]
         fn = _RegionClip(np.asarray(reg.centres), np.asarray(reg.W), np.asarray(reg.radius))
         c = design.get("scale", 1.0)
+        if c == 1.0 and pub.counts_sampled:  # a one-pass release's pass: every row's counts
+            return self.rows.stats_and_counts(self._map(pub, fn), pub.n_features)
         if c == 1.0:
             return self.rows.stats(self._map(pub, fn), pub.n_features)
         S1, S2 = self._early.stats(self._map(pub, fn), pub.n_features)
@@ -753,7 +821,7 @@ class KLCertifiedPlan(Plan):
     def _draw_round(rng, stats, noise, d: int) -> tuple[np.ndarray, np.ndarray]:
         """One stage-C round's released sums and second moments (zero and not noised where
         the design does not release a class's second moments)."""
-        S1, S2 = stats
+        S1, S2 = stats[:2]
         K = S1.shape[0]
         sums = S1 + rng.standard_normal((K, d)) * noise.mean_sd[:, None]
         released = np.isfinite(noise.cov_sd)
@@ -766,7 +834,7 @@ class KLCertifiedPlan(Plan):
 
     @staticmethod
     def _round_logpdf(output, stats, noise, suffix: str) -> tuple[float, float]:
-        S1, S2 = stats
+        S1, S2 = stats[:2]
         dev = np.asarray(output["class_sums" + suffix], dtype=float) - S1
         lm = gaussian_logpdf(dev, noise.mean_sd[:, None])
         cs = np.asarray(output["class_scatter" + suffix], dtype=float)
@@ -832,6 +900,8 @@ class KLCertifiedPlan(Plan):
                 return out, designs
             out["class_sums_2"], out["class_scatter_2"] = self._draw_round(
                 rng, stats, second["noise"], d)
+        if pub.counts_sampled:  # the last round's pass counted every row
+            out["counts_all"] = stats[2] + rng.standard_normal(K) * pub.counts_all_sd
         return out, designs
 
     @blas_single_thread(width=_plan_width)
@@ -861,13 +931,17 @@ class KLCertifiedPlan(Plan):
             E = np.asarray(output["scatter"], dtype=float) - self._stage_b(pub, m1)
             lc += float(symmetric_gaussian_logpdf(E, pub.scatter_sd))
         design = stage_c_design(pub, output)
-        a, b = self._round_logpdf(output, self._stage_c(pub, design), design["noise"], "")
+        stats = self._stage_c(pub, design)
+        a, b = self._round_logpdf(output, stats, design["noise"], "")
         lm, lc = lm + a, lc + b
         if len(design["shares"]) > 1:
             second = round_two_design(pub, output, design)
-            a, b = self._round_logpdf(output, self._stage_c(pub, second), second["noise"],
-                                      "_2")
+            stats = self._stage_c(pub, second)
+            a, b = self._round_logpdf(output, stats, second["noise"], "_2")
             lm, lc = lm + a, lc + b
+        if pub.counts_sampled:
+            lw += gaussian_logpdf(np.asarray(output["counts_all"], dtype=float) - stats[2],
+                                  pub.counts_all_sd)
         return {"weights": lw, "means": lm, "covariances": lc}
 
     @blas_single_thread(width=_plan_width)
@@ -1046,7 +1120,8 @@ class KLCertified(Mechanism):
         if relation == Adjacency.LABEL_FLIP and design == "response":
             return response_guarantee(self.name, epsilon, delta, n_classes, True,
                                       "klrelease/mechanisms/kl_certified/kl_certified.md")
-        budget = release_budget(epsilon, delta, relation, n_samples, n_features)
+        budget = release_budget(epsilon, delta, relation, n_samples, n_features,
+                                bool(getattr(options, "one_pass", False)))
         return Guarantee(
             epsilon=epsilon, delta=delta, neighbouring=relation.value, certified=True,
             statement=(f"({epsilon:g}, {delta:g})-differentially private under {relation.value}"
@@ -1067,16 +1142,27 @@ class KLCertified(Mechanism):
         if not lf and options["design"] == "response":
             raise ValueError("design='response' (randomized response on the labels) needs "
                              "label-flip adjacency: under replace-one the features are private")
-        # a chunked source's features are read once (count, mean, scatter, the row sample)
-        if lf and isinstance(data, Source):
-            from ...stream.sample import stage_rows
+        one_pass = bool(options.get("one_pass", False))
+        if one_pass and not isinstance(data, Source):
+            raise ValueError("one_pass applies to data read in chunks (Parquet files or "
+                             "arrays given as a stream source); data in memory is read once "
+                             "by every stage's own index")
+        from ...stream.sample import stage_rows
 
+        # one pass: the row groups' sizes give N (the first read is the sample's groups)
+        groups = data.row_groups() if one_pass else None
+        if one_pass and groups is None:
+            stream_inputs(data, relation, False, None, None, one_pass=True)  # raises
+        one_pass = one_pass and sum(groups) > stage_rows(data.n_features)
+        # a chunked source's features are read once (count, mean, scatter, the row sample)
+        if lf and isinstance(data, Source) and not one_pass:
             pooled = data.pooled_and_sample(labelled=stage_rows(data.n_features))
         else:
             pooled = None
         if lf and options["design"] != "gaussian":
             K0 = len(data.resolve_classes()) if isinstance(data, Source) else data.n_classes
-            n0 = int(round(pooled[0].counts[0])) if pooled else data.n_samples
+            n0 = (sum(groups) if one_pass else int(round(pooled[0].counts[0])) if pooled
+                  else data.n_samples)
             design = options["design"]
             if isinstance(data, Source) and _on_dask(data):
                 if design == "response":
@@ -1089,22 +1175,26 @@ class KLCertified(Mechanism):
                 return self._response_plan(data, epsilon, delta, pooled)
 
         def budget_for(n_samples: int) -> Budget:
-            return release_budget(epsilon, delta, relation, n_samples, data.n_features)
+            return release_budget(epsilon, delta, relation, n_samples, data.n_features,
+                                  one_pass)
 
-        extra, early, scale, public_index = {}, None, 1.0, None
+        extra, early, scale, public_index, counts_sampled = {}, None, 1.0, None, False
         if isinstance(data, Source):  # streamed: passes over chunks, bounded memory
             got = stream_inputs(data, relation, bool(options["bounds_from_data"]),
-                                options["norm_bound"], budget_for, pooled)
+                                options["norm_bound"], budget_for, pooled, one_pass)
             frame, rows, N, R = got["frame"], got["rows"], got["N"], got["R"]
             total_scatter, sums, counts = got["total_scatter"], got["sums"], got["counts"]
             total_sums, where, window = got["total_sums"], got["where"], got["window"]
             public_rows, early, scale = got["public_rows"], got["early"], got["scale"]
+            counts_sampled = bool(got.get("counts_sampled", False))
             budget = budget_for(N)
             K, d, bound_ok, classes = len(data.classes), data.n_features, True, data.classes
             extra = {"data": "streamed in chunks"}
             if scale != 1.0:
                 extra["early_stages"] = (
-                    f"a sample of {round(N / scale)} of the {N} rows, chosen by their index")
+                    f"a sample of {round(N / scale)} of the {N} rows, chosen by their index"
+                    + (" in row groups chosen by theirs; then one pass over every row"
+                       if one_pass else ""))
         else:
             frame, clip, bound_ok, where, window, total_scatter = _frame_of(
                 data, relation, bool(options["bounds_from_data"]), options["norm_bound"])
@@ -1174,6 +1264,7 @@ class KLCertified(Mechanism):
             region_radius=region_radius(d, SETTINGS["region_level"]),
             total_scatter=total_scatter, total_sums=total_sums, bound_window=window,
             public_rows=public_rows, public_index=public_index, sample_scale=scale,
+            counts_sampled=counts_sampled,
         )
 
         rel = ADJACENCY_DESCRIPTIONS[relation]
@@ -1213,7 +1304,9 @@ class KLCertified(Mechanism):
             "frame": where,
             "budget": {"mu": pub.budget.mu, "counts": pub.budget.counts,
                        "sums": pub.budget.sums, "scatter": pub.budget.scatter,
-                       "classes": pub.budget.classes},
+                       "classes": pub.budget.classes,
+                       **({"counts_all": pub.budget.counts_all}
+                          if pub.budget.counts_all > 0 else {})},
             "classes_declared": declared,
             "frame_from_data": not bound_ok,
             **extra,
