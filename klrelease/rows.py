@@ -122,7 +122,7 @@ def column_extremes(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 _SAFE_SQ = (2.0 ** -960, 2.0 ** 960)
 
 
-def clip_to_norm(X: np.ndarray, bound: float) -> np.ndarray:
+def clip_to_norm(X: np.ndarray, bound: float, inplace: bool = False) -> np.ndarray:
     """Scale every row onto the ball ``||x||_2 <= bound``: ``x <- x min(1, B/||x||)`` (the
     Euclidean projection onto the ball; a per-row map).
 
@@ -131,16 +131,17 @@ def clip_to_norm(X: np.ndarray, bound: float) -> np.ndarray:
     by a power of two first). A row with infinite entries (an affine image beyond the float
     range, :func:`affine_rows`) goes to the limit of the projection along it: onto the sphere,
     in the direction of the signs of its infinite entries. No floating-point warning is
-    raised."""
+    raised. ``inplace``: the result is written into ``X`` (a float64 array the caller owns)."""
     X = np.asarray(X, dtype=np.float64)
     with np.errstate(all="ignore"):
         sq = np.einsum("ij,ij->i", X, X)
         factor = np.minimum(1.0, bound / np.maximum(np.sqrt(sq), np.finfo(float).tiny))
-        out = X * factor[:, None]
         bad = ~((sq >= _SAFE_SQ[0]) & (sq <= _SAFE_SQ[1]) & (factor >= _SAFE_SQ[0]))
-        if bad.any():
-            rows = np.flatnonzero(bad)
-            out[rows] = _clip_rows_scaled(X[rows], float(bound))
+        rows = np.flatnonzero(bad) if bad.any() else None
+        scaled = None if rows is None else _clip_rows_scaled(X[rows], float(bound))
+        out = np.multiply(X, factor[:, None], out=X if inplace else None)
+        if rows is not None:
+            out[rows] = scaled
     return out
 
 

@@ -477,7 +477,8 @@ class _FusedRegionClip:
     def __call__(self, X: np.ndarray, k: int) -> np.ndarray:
         if self.lower is not None:
             X = clip_to_bounds(X, self.lower, self.upper)  # a new array: X is the data
-        return clip_to_norm(affine_rows(X, self.offsets[k], self.V[k]), self.radii[k])
+        return clip_to_norm(affine_rows(X, self.offsets[k], self.V[k]), self.radii[k],
+                            inplace=True)  # the product is this map's own array
 
 
 @dataclass(frozen=True)
