@@ -175,8 +175,9 @@ def main() -> None:
         " release read the data (kl-certified: the first pass, which validates every row and"
         " keeps a labelled sample of 2^18 rows chosen by their index, then the last stage-C"
         " round; the earlier stages read the sample in memory; +one-pass: the option"
-        " `one_pass`, which reads the sample's row groups (one group of 1e6 rows, each file's"
-        " only one, not counted as a pass) and then passes over every row once, validating it"
+        " `one_pass`, which reads its sample's blocks of rows from the row groups that hold"
+        " them (each file here is one group of 1e6 rows; one block up to N = 1.8e7, 11 at"
+        " 1e8; not counted as passes) and then passes over every row once, validating it"
         " after noise is drawn; kl-paper: the class statistics, then one per round of scoring"
         " every row);"
         " x = release / floor; x read = release / read (a release of p passes takes at least"
@@ -251,8 +252,8 @@ floor of F seconds per 1e8 rows on one core and a release / floor ratio x (both 
 above, embedded), a release of 1e10 rows on n = 100 workers takes about x F seconds plus the
 driver's design on the sample (about a second at d = 10), bounded by reading.
 
-With the option `one_pass` the first pass is gone: the driver reads the sample's row groups
-(at most a few groups, chosen from the files' footers; one group of 1e6 rows here) and the
+With the option `one_pass` the first pass is gone: the driver reads the sample's blocks of
+rows (at most 16, placed by N alone; each in one or two row groups, here of 1e6 rows) and the
 workers pass over every row once, counting the classes in the same pass; the ratio x is then
 that of the `+one-pass` columns. It needs the row groups' sizes before reading: Parquet files
 or arrays read where they are (a `ParquetSource` on each worker's files); a Dask dataframe's

@@ -618,13 +618,28 @@ def test_early_stages_read_a_labelled_sample_and_every_row_is_read_twice(adjacen
     assert kls[20_000] < 3 * kls[1 << 18] + 1e-4, kls
 
 
+class _CountedGroups(ArraySource):
+    """An array source that counts its passes and the row groups read outside them."""
+
+    passes, groups = 0, []
+
+    def chunks(self):
+        type(self).passes += 1
+        yield from super().chunks()
+
+    def read_group(self, g):
+        type(self).groups.append(g)
+        return super().read_group(g)
+
+
 @pytest.mark.parametrize("adjacency", ["label-flip", "replace-one"])
-def test_one_pass_reads_the_sample_by_row_groups_then_every_row_once(adjacency, monkeypatch):
-    """``one_pass``: the sample's row groups are read before any noise, then one pass over
-    every row (stage C's last round, which counts the rows too); the release stays close to
-    the two-pass one, its weights come from every row's counts, its budget still sums to mu."""
+def test_one_pass_reads_its_sample_then_every_row_once(adjacency, monkeypatch):
+    """``one_pass``: the sample's rows (blocks chosen by N alone) are read from their row
+    groups before any noise, then one pass over every row (stage C's last round, which counts
+    the rows too); the release stays close to the two-pass one, its weights come from every
+    row's counts, its budget still sums to mu."""
     from klrelease.kl import kl_divergence
-    from klrelease.stream.sample import sample_groups
+    from klrelease.stream.sample import sample_blocks
 
     X, y = _data(n=60_000, d=3, offset=20.0)
     extra = {"bounds": (X.min(0) - 5.0, X.max(0) + 5.0)} if adjacency == "replace-one" else {}
@@ -633,43 +648,58 @@ def test_one_pass_reads_the_sample_by_row_groups_then_every_row_once(adjacency, 
     kw = dict(epsilon=1.0, delta=1e-6, classes=CLASSES, adjacency=adjacency, design="gaussian",
               **extra)
     monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", 20_000)
-
-    class Counted(ArraySource):
-        passes, groups = 0, []
-
-        def chunks(self):
-            type(self).passes += 1
-            yield from super().chunks()
-
-        def read_group(self, g):
-            type(self).groups.append(g)
-            return super().read_group(g)
-
     kls = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for one_pass in (False, True):
             out = []
             for seed in range(4):
-                Counted.passes, Counted.groups = 0, []
-                r = klrelease.release(Counted(X, y, chunk_rows=4500), None, seed=seed,
+                _CountedGroups.passes, _CountedGroups.groups = 0, []
+                r = klrelease.release(_CountedGroups(X, y, chunk_rows=4500), None, seed=seed,
                                       one_pass=one_pass, **kw)
                 out.append(kl_divergence(ref, r.gmm))
-                assert Counted.passes == (1 if one_pass else 2)
-                if one_pass:
-                    sizes = Counted(X, y, chunk_rows=4500).row_groups()
-                    assert Counted.groups == sample_groups(sizes, 20_000).tolist()
-                    assert 20_000 <= 4500 * len(Counted.groups) < 20_000 + 4500
+                assert _CountedGroups.passes == (1 if one_pass else 2)
+                if one_pass:  # the groups that hold the blocks' rows, each read once
+                    held = sorted({g for a, b in sample_blocks(60_000, 20_000)
+                                   for g in range(a // 4500, (b - 1) // 4500 + 1)})
+                    assert _CountedGroups.groups == held
             kls[one_pass] = float(np.mean(out))
     assert r.options["early_stages"].startswith("a sample of 20000 of the 60000 rows")
     assert "one pass over every row" in r.options["early_stages"]
     b = r.options["budget"]
     assert b["counts_all"] == pytest.approx(b["counts"])
-    parts = [b[k] for k in ("counts", "counts_all", "sums", "scatter", "classes")]
-    assert float(np.sqrt(np.sum(np.square(parts)))) <= b["mu"] * (1 + 1e-12)
+    p = klrelease.plan(_CountedGroups(X, y, chunk_rows=4500), None, one_pass=True,
+                       **{k: v for k, v in kw.items() if k != "classes"}, classes=CLASSES)
+    assert p.public.budget.total == pytest.approx(p.public.budget.mu, rel=1e-12)
     assert kls[True] < 3 * kls[False] + 1e-4, kls
     # the weights are every row's counts (noise sd sqrt(2) / counts_all: a few rows)
     assert np.max(np.abs(r.gmm.weights - fit.weights)) < 1e-3
+
+
+def test_one_pass_sample_blocks_are_a_function_of_n_alone():
+    """The sample's rows depend on N only: the same however the rows are grouped, spread
+    over strata of the rows, exactly ``size`` of them."""
+    from klrelease.stream.sample import sample_blocks
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(50_000, 2))
+    y = rng.integers(0, 3, 50_000)
+    rows = {}
+    for chunk in (1000, 4096, 50_000):
+        N, (R, codes), read = ArraySource(X, y, classes=CLASSES,
+                                          chunk_rows=chunk).block_sample(3000)
+        assert N == 50_000 and R.shape == (3000, 2)
+        rows[chunk] = (R, codes)
+        assert read >= 3000
+    for chunk in (4096, 50_000):
+        np.testing.assert_array_equal(rows[chunk][0], rows[1000][0])
+        np.testing.assert_array_equal(rows[chunk][1], rows[1000][1])
+    for n in (10**6, 10**8, 10**9):
+        blocks = sample_blocks(n, 1 << 18)
+        assert sum(b - a for a, b in blocks) == 1 << 18
+        assert all(j * n // len(blocks) <= a < b <= (j + 1) * n // len(blocks)
+                   for j, (a, b) in enumerate(blocks))
+    assert len(sample_blocks(10**8, 1 << 18)) > 1
 
 
 @pytest.mark.parametrize("adjacency", ["label-flip", "replace-one"])
@@ -692,24 +722,26 @@ def test_one_pass_validates_the_rest_after_noise_and_falls_back(tmp_path, monkey
     """``one_pass`` on Parquet: a row that does not validate inside the sample's row groups is
     refused before any noise; outside them the one pass finds it after noise was drawn, and
     the release is the post-processing of what was released before (never an error then)."""
-    from klrelease.stream.sample import sample_groups
+    from klrelease.stream.sample import sample_blocks
 
     monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", 600)
     X, y = _data(n=3000)
     _write_parquet(tmp_path / "ok", X, y)  # row groups of 257 rows
     kw = dict(epsilon=1.0, delta=1e-6, seed=1, design="gaussian", one_pass=True)
     classes = ["c0", "c1", "c2"]
-    sizes = ParquetSource(tmp_path / "ok", "label", classes=classes).row_groups()
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    chosen = sample_groups(sizes, 600)
-    outside = next(g for g in range(len(sizes)) if g not in chosen)
+    src = ParquetSource(tmp_path / "ok", "label", classes=classes)
+    sizes = src.row_groups()
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    (a, b), = sample_blocks(3000, 600)
+    held = {g for g in range(len(sizes)) if starts[g] < b and starts[g + 1] > a}
+    outside = next(g for g in range(len(sizes)) if g not in held)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for g, refused in ((chosen[0], True), (outside, False)):
+        for row, refused in ((a + 3, True), (starts[outside] + 3, False)):
             X2 = X.copy()
-            X2[starts[g] + 3, 1] = np.nan
-            _write_parquet(tmp_path / f"bad{g}", X2, y)
-            src = ParquetSource(tmp_path / f"bad{g}", "label", classes=classes)
+            X2[row, 1] = np.nan
+            _write_parquet(tmp_path / f"bad{row}", X2, y)
+            src = ParquetSource(tmp_path / f"bad{row}", "label", classes=classes)
             if refused:
                 with pytest.raises(ValueError, match="NaN or infinite"):
                     klrelease.release(src, None, **kw)
@@ -719,16 +751,69 @@ def test_one_pass_validates_the_rest_after_noise_and_falls_back(tmp_path, monkey
             assert np.all(np.isfinite(r.gmm.means))
 
 
-def test_one_pass_needs_row_groups_known_without_a_pass(tmp_path):
+def test_one_pass_falls_back_when_the_rows_change_after_the_sample(monkeypatch):
+    """The one pass must read as many rows as the metadata said (else the data changed
+    since): never an error after noise, the fallback instead."""
+    monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", 600)
+    X, y = _data(n=3000)
+
+    class Growing(ArraySource):
+        def chunks(self):  # one more block of rows than row_groups() announced
+            yield from super().chunks()
+            yield self.X[:100], self.y[:100]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = klrelease.release(Growing(X, y, classes=CLASSES, chunk_rows=300), None,
+                              epsilon=1.0, delta=1e-6, seed=2, design="gaussian",
+                              one_pass=True)
+    assert r.options.get("fallback")
+
+
+def test_one_pass_with_the_response_design_reads_once(monkeypatch):
+    """Label flip, ``auto`` choosing randomized response: the frame from the sample, then the
+    one pass that reports the labels."""
+    monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", 2000)
+    X, y = _data(n=6000, d=3)
+    _CountedGroups.passes, _CountedGroups.groups = 0, []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = klrelease.release(_CountedGroups(X, y, classes=CLASSES, chunk_rows=700), None,
+                              epsilon=8.0, delta=1e-6, seed=3, design="response",
+                              one_pass=True)
+    assert _CountedGroups.passes == 1 and _CountedGroups.groups
+    assert r.options["design"] == "response"
+    assert "one pass over every row" in r.options["early_stages"]
+    fit = klrelease.fit_gmm(X, y)
+    np.testing.assert_allclose(r.gmm.means, fit.means, atol=0.3)
+
+
+def test_one_pass_refuses_before_reading_a_row(tmp_path):
+    """CSV (no row groups), undeclared classes, data in memory, bounds read from the data:
+    refused before any pass."""
     X, y = _data(n=300)
     path = tmp_path / "d.csv"
     np.savetxt(path, np.column_stack([X, y]), delimiter=",", header="a,b,c,label",
                comments="")
-    kw = dict(epsilon=1.0, delta=1e-6, one_pass=True, classes=CLASSES)
+
+    class NoPass(CSVSource):
+        def chunks(self):
+            raise AssertionError("read")
+
+    class NoPassArrays(ArraySource):
+        def chunks(self):
+            raise AssertionError("read")
+
+    kw = dict(epsilon=1.0, delta=1e-6, one_pass=True)
     with pytest.raises(ValueError, match="Parquet files or arrays"):
-        klrelease.release(CSVSource(path, "label"), None, **kw)
+        klrelease.release(NoPass(path, "label", classes=CLASSES), None, **kw)
+    with pytest.raises(ValueError, match="classes declared"):
+        klrelease.release(NoPassArrays(X, y), None, **kw)
+    with pytest.raises(ValueError, match="bounds_from_data"):
+        klrelease.release(NoPassArrays(X, y, classes=CLASSES), None, adjacency="replace-one",
+                          bounds_from_data=True, **kw)
     with pytest.raises(ValueError, match="data read in chunks"):
-        klrelease.release(X, y, **kw)
+        klrelease.release(X, y, classes=CLASSES, **kw)
 
 
 def test_labelled_row_sample_keeps_each_rows_label():

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RowSample", "row_priorities", "sample_groups", "sample_indices", "sample_rows",
-           "stage_rows", "SAMPLE_ROWS", "STAGE_ROWS", "STAGE_VALUES"]
+__all__ = ["RowSample", "priorities_of", "row_priorities", "sample_blocks", "sample_indices",
+           "sample_rows", "stage_rows", "SAMPLE_ROWS", "STAGE_ROWS", "STAGE_VALUES",
+           "SAMPLE_BLOCKS", "TYPICAL_GROUP"]
 
 #: Rows kept by the sample (a public constant: 2^16, about 5 MB at d = 10).
 SAMPLE_ROWS = 1 << 16
@@ -45,7 +46,12 @@ _M2 = np.uint64(0x94D049BB133111EB)
 
 def row_priorities(offset: int, n: int) -> np.ndarray:
     """The priorities of rows ``offset .. offset + n - 1`` (distinct for distinct rows)."""
-    z = np.arange(offset, offset + n, dtype=np.uint64)
+    return priorities_of(np.arange(offset, offset + n, dtype=np.uint64))
+
+
+def priorities_of(index: np.ndarray) -> np.ndarray:
+    """The priorities of the rows numbered ``index``."""
+    z = np.asarray(index).astype(np.uint64)
     with np.errstate(over="ignore"):
         z = z * _GOLDEN
         z = (z ^ (z >> np.uint64(30))) * _M1
@@ -135,16 +141,36 @@ class RowSample:
         return X, c
 
 
-def sample_groups(sizes, size: int) -> np.ndarray:
-    """The row groups (numbers, ascending) a one-pass release reads its sample from: in the
-    order of the priorities of their numbers, until they hold ``size`` rows (or all of them).
-    A function of the groups' sizes alone."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    order = np.argsort(row_priorities(0, sizes.size), kind="stable")
-    order = order[sizes[order] > 0]
-    held = np.cumsum(sizes[order])
-    take = int(np.searchsorted(held, size)) + 1  # the first prefix holding ``size`` rows
-    return np.sort(order[:take])
+#: One-pass samples: most blocks, and the rows of a typical row group (2^20, pyarrow's
+#: default) that the rule for their number assumes (public constants).
+SAMPLE_BLOCKS = 16
+TYPICAL_GROUP = 1 << 20
+
+
+def sample_blocks(n: int, size: int) -> list[tuple[int, int]]:
+    """The row ranges ``[a, b)`` of a one-pass release's sample of ``size`` of ``n`` rows: a
+    function of ``n`` alone (never of the files' layout or values).
+
+    ``B`` blocks of contiguous rows, ``B`` such that reading them costs about an eighth of
+    the rows at most when each lies in a row group of ``TYPICAL_GROUP`` rows
+    (``(n / 8 - size) / TYPICAL_GROUP``, between 1 and ``SAMPLE_BLOCKS``); block ``j`` lies in
+    the ``j``-th of ``B`` equal strata of the rows, at an offset given by the priority of
+    ``n + j`` (:func:`row_priorities`). Contiguous rows are what a columnar file reads cheaply;
+    rows stored in an order that follows their class or time make such a sample less
+    representative than one of rows chosen one by one (its privacy is the same)."""
+    n, size = int(n), int(size)
+    if n <= size:
+        return [(0, n)]
+    B = int(min(SAMPLE_BLOCKS, max(1, (n / 8 - size) // TYPICAL_GROUP)))
+    lengths = np.full(B, size // B)
+    lengths[: size % B] += 1
+    u = row_priorities(n, B).astype(np.float64) / 2.0**64
+    out = []
+    for j in range(B):
+        lo, hi = j * n // B, (j + 1) * n // B
+        a = lo + int(u[j] * (hi - lo - int(lengths[j]) + 1))
+        out.append((a, a + int(lengths[j])))
+    return out
 
 
 def sample_indices(n: int, size: int | None = None) -> np.ndarray:

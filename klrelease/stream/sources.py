@@ -238,52 +238,56 @@ class Source:
         """The raw rows ``(X, y)`` of row group ``g`` (see :meth:`row_groups`)."""
         raise NotImplementedError
 
-    def group_sample(self, size: int) -> tuple[int, tuple[np.ndarray, np.ndarray], int]:
+    def read_groups(self, groups) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """The raw rows of the row groups ``groups`` (numbers, in order), one at a time."""
+        for g in groups:
+            yield self.read_group(g)
+
+    def block_sample(self, size: int) -> tuple[int, tuple[np.ndarray, np.ndarray], int]:
         """The labelled sample of a one-pass release, read without a pass over the data.
 
-        Row groups are taken in the order of a fixed bijection of their index
-        (:func:`~klrelease.stream.sample.row_priorities` of the group numbers) until they hold
-        ``size`` rows or all the rows; of their rows, the ``size`` of lowest row priority are
-        kept. Which groups and rows is a function of the row groups' sizes alone (public
-        metadata), never of a value or label. The rows read are validated like any pass.
-        Returns ``(N, (rows, codes), rows read)``, the sample in priority order (private)."""
-        from .sample import row_priorities, sample_groups
+        N is the sum of the row groups' sizes (metadata); the sample is the rows of
+        :func:`~klrelease.stream.sample.sample_blocks` (a function of N alone), read from the
+        row groups that hold them and validated like any pass. Returns ``(N, (rows, codes),
+        rows read)``, the sample in row-priority order (private)."""
+        from .sample import priorities_of, sample_blocks
 
         sizes = self.row_groups()
         if sizes is None:
-            raise ValueError("a one-pass release reads whole row groups before its pass and "
-                             "needs their sizes without reading the data: a Parquet source "
-                             "or arrays (CSV and Dask sources must be counted by a pass)")
+            raise ValueError("a one-pass release reads its sample by row groups and needs "
+                             "their sizes without reading the data: a Parquet source or "
+                             "arrays (CSV and Dask sources must be counted by a pass)")
         sizes = np.asarray(sizes, dtype=np.int64)
         N = int(sizes.sum())
         if N == 0:
             raise ValueError("the data has no rows")
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        chosen = sample_groups(sizes, size)
-        got = int(sizes[chosen].sum())
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        blocks = sample_blocks(N, size)
+        # the row groups that hold a block's rows (empty groups hold none)
+        need = sorted({int(g) for a, b in blocks
+                       for g in range(int(np.searchsorted(starts, a, side="right")) - 1,
+                                      int(np.searchsorted(starts, b, side="left")))
+                       if sizes[g] > 0})
         classes = self.resolve_classes()
-        parts = []
-        for g in chosen:
-            try:
-                X, y = self.read_group(g)
-            except (OSError, EOFError, ValueError) as exc:  # reading, not computing
-                raise _read_error(exc) from exc
-            if len(X) != sizes[g]:
-                raise SourceReadError(CHANGED)
-            X, codes = _chunk(X, y, self.n_features, classes)
-            p = row_priorities(int(starts[g]), len(X))
-            if len(X) > size:  # this group's candidates only
-                keep = np.argpartition(p, size - 1)[:size]
-                X, codes, p = X[keep], codes[keep], p[keep]
-            parts.append((p, X, codes))
-        p = np.concatenate([q[0] for q in parts])
-        keep = np.argsort(p)[:size] if p.size <= size else np.sort(
-            np.argpartition(p, size - 1)[:size])
-        keep = keep[np.argsort(p[keep])]  # priority order
-        if len(parts) == 1:
-            return N, (parts[0][1][keep], parts[0][2][keep]), got
-        return N, (np.concatenate([q[1] for q in parts])[keep],
-                   np.concatenate([q[2] for q in parts])[keep]), got
+        X_parts, c_parts, idx_parts, read = [], [], [], 0
+        try:
+            for g, (X, y) in zip(need, self.read_groups(need), strict=True):
+                if len(X) != sizes[g]:
+                    raise SourceReadError(CHANGED)
+                X, codes = _chunk(X, y, self.n_features, classes)
+                read += len(X)
+                lo = int(starts[g])
+                for a, b in blocks:
+                    a2, b2 = max(a, lo), min(b, lo + len(X))
+                    if a2 < b2:
+                        X_parts.append(X[a2 - lo:b2 - lo])
+                        c_parts.append(codes[a2 - lo:b2 - lo])
+                        idx_parts.append(np.arange(a2, b2))
+        except (OSError, EOFError, ValueError) as exc:  # reading, not computing
+            raise _read_error(exc) from exc
+        idx = np.concatenate(idx_parts)
+        order = np.argsort(priorities_of(idx), kind="stable")
+        return N, (np.concatenate(X_parts)[order], np.concatenate(c_parts)[order]), read
 
     # ------------------------------------------------------------- features only (no labels)
     def scan_rows(self, fn: Callable, merge: Callable, initial, *, indexed: bool = False,
@@ -692,12 +696,9 @@ class ParquetSource(Source):
 
     def _groups(self) -> list[tuple[Path, int, int]]:
         """``(path, row group, rows)`` of every row group, in reading order (the files'
-        footers only, read once per source: a file changed since reads a group of another
-        size, which :meth:`group_sample` refuses)."""
+        footers only, read again at every call: files may change between releases)."""
         import pyarrow.parquet as pq
 
-        if getattr(self, "_group_list", None) is not None:
-            return self._group_list
         out = []
         for p in self.paths:
             try:
@@ -705,7 +706,6 @@ class ParquetSource(Source):
             except Exception as exc:  # pyarrow raises several types
                 raise SourceReadError(f"cannot read {p}: {exc.__class__.__name__}") from None
             out.extend((p, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups))
-        self._group_list = out
         return out
 
     def row_groups(self) -> list[int]:
@@ -713,12 +713,17 @@ class ParquetSource(Source):
         return [n for _, _, n in self._groups()]
 
     def read_group(self, g: int):
+        return next(self.read_groups([g]))
+
+    def read_groups(self, groups):
         import pyarrow.parquet as pq
 
-        p, i, _ = self._groups()[g]
-        with pq.ParquetFile(p) as fh:
-            table = fh.read_row_group(i, columns=self._columns)
-        return _batch_xy(table, self.feature_names, self.label_column)
+        where = self._groups()
+        for g in groups:
+            p, i, _ = where[g]
+            with pq.ParquetFile(p) as fh:
+                table = fh.read_row_group(i, columns=self._columns)
+            yield _batch_xy(table, self.feature_names, self.label_column)
 
 
 def _batch_xy(batch, features, label_column):

@@ -47,6 +47,7 @@ from ...rows import (
     row_block,
 )
 from ...stream.moments import pooled_moments, sorted_bounded_moments
+from ...stream.sources import CHANGED, SourceReadError
 from ...warnings_ import warn_privacy
 from ..base import Float, Guarantee, Mechanism, MechanismOptions, Plan, last_resort
 from ..registry import register
@@ -372,9 +373,12 @@ class _StreamRows:
     def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray]:
         return self.source.bounded_moments(_raw_map(fn, self.frame, self.clip))[1:]
 
-    def stats_and_counts(self, fn, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`stats` and the class counts of the same pass."""
+    def stats_and_counts(self, fn, d: int, rows: int) -> tuple[np.ndarray, ...]:
+        """:meth:`stats` and the class counts of the same pass, which must read ``rows``
+        rows (the number the files' metadata gave: else they changed since)."""
         n, S1, S2 = self.source.bounded_moments(_raw_map(fn, self.frame, self.clip))
+        if int(round(float(n.sum()))) != int(rows):
+            raise SourceReadError(CHANGED)
         return S1, S2, n
 
     def histograms(self, window, bins: int) -> np.ndarray:
@@ -623,7 +627,7 @@ def _early_rows(frame: Frame, clip, labelled, n_classes: int, stage_a=None):
 
 
 def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_bound,
-                  budget_of, pooled=None, one_pass: bool = False):
+                  budget_of, pooled=None, one_pass=None):
     """Passes over a chunked source for everything the plan needs before noise is drawn.
 
     Returns a dict: ``frame, rows, early, scale, n_early, N, R, total_scatter, sums, counts,
@@ -636,25 +640,20 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     mean and covariance: the frame; the row sample that gives the radius R); stage A passes
     over every row unless the sample stands in. Replace-one: pass 1 counts the classes.
 
-    ``one_pass`` (more rows than the sample): no pass 1. The sample is read from the row
-    groups that :meth:`~klrelease.stream.Source.group_sample` chooses, N from the files'
-    metadata; under label flip the frame, the radius and the public row sample are the
-    sample's; the counts (``counts_sampled``) are the sample's, and the one pass over every
-    row, stage C's last round, counts every row too.
+    ``one_pass``: the sample of a one-pass release of more rows than it holds, ``(N,
+    (rows, codes), rows read)`` from :meth:`~klrelease.stream.Source.block_sample` (rows
+    chosen by N alone, N from the files' metadata): no pass 1. Under label flip the frame,
+    the radius and the public row sample are the sample's; the counts (``counts_sampled``)
+    are the sample's, and the one pass over every row, stage C's last round, counts every row
+    too.
     """
     from ...stream.sample import stage_rows
 
     d = source.n_features
     K = len(source.resolve_classes())
     S = stage_rows(d)
-    if one_pass:
-        groups = source.row_groups()
-        if groups is None:
-            raise ValueError("one_pass reads the early stages' sample by row groups and "
-                             "needs the number of rows without a pass: use Parquet files or "
-                             "arrays (a CSV or Dask source is counted by a pass)")
-        if sum(groups) > S:
-            return _one_pass_inputs(source, relation, norm_bound, budget_of, S)
+    if one_pass is not None:
+        return _one_pass_inputs(source, relation, norm_bound, budget_of, one_pass)
     if relation == Adjacency.LABEL_FLIP:
         got = source.pooled_and_sample(labelled=S) if pooled is None else pooled
         m0, sample = got[:2]
@@ -695,14 +694,50 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
                 window=_bound_window(domain), public_rows=None)
 
 
-def _one_pass_inputs(source, relation: Adjacency, norm_bound, budget_of, S: int) -> dict:
-    """:func:`stream_inputs` of a one-pass release of more than ``S`` rows: the sample's rows
-    are read by row group, the rest only by stage C's last round."""
+def check_one_pass(data, relation: Adjacency, options: dict) -> None:
+    """Refuse ``one_pass`` where it cannot keep its promise, before any row is read."""
+    from ...stream import Source
+
+    if not isinstance(data, Source):
+        raise ValueError("one_pass applies to data read in chunks (Parquet files, or arrays "
+                         "given as a klrelease.stream.ArraySource); data in memory is not "
+                         "passed over")
+    if data.row_groups() is None:
+        raise ValueError("one_pass reads its sample by row groups and needs the number of "
+                         "rows without a pass: use Parquet files or arrays (a CSV or Dask "
+                         "source is counted by a pass)")
+    if not data.classes_declared:
+        raise ValueError("one_pass needs the classes declared (classes=...): reading them "
+                         "from the labels is a pass of its own")
+    if relation == Adjacency.REPLACE_ONE and options.get("bounds_from_data"):
+        raise ValueError("bounds_from_data=True needs the data in memory; give a public "
+                         "bound (bounds= or norm_bound=) for streamed data")
+
+
+def _sample_pooled(N: int, X: np.ndarray):
+    """Label flip, one pass: the public features' moments from the sample's rows ``X`` (its
+    count taken as N, its scatter scaled to N - 1 degrees of freedom) and its first
+    ``SAMPLE_ROWS`` rows as the public row sample, as ``Source.pooled_and_sample`` returns
+    them from a pass."""
+    from ...stream.moments import ClassMoments
+    from ...stream.sample import SAMPLE_ROWS
+
+    mean, _, M2 = _public_moments(X)  # the magnitudes checked
+    m0 = ClassMoments(np.array([float(N)]), mean[None, :],
+                      (M2 * ((N - 1) / max(X.shape[0] - 1, 1)))[None, :, :])
+    return m0, X[:SAMPLE_ROWS]
+
+
+def _one_pass_inputs(source, relation: Adjacency, norm_bound, budget_of, sample) -> dict:
+    """:func:`stream_inputs` of a one-pass release of more rows than its sample (``sample``
+    from :meth:`~klrelease.stream.Source.block_sample`): the rest is read only by stage C's
+    last round."""
     from ...stream.sample import SAMPLE_ROWS
 
     d = source.n_features
     K = len(source.resolve_classes())
-    N, labelled, _ = source.group_sample(S)
+    N, labelled, _ = sample
+    S = labelled[0].shape[0]
     X, codes = labelled
     c = N / X.shape[0]
     # the sample's counts, scaled (their noise is too: PublicInputs.count_sd)
@@ -798,7 +833,8 @@ class KLCertifiedPlan(Plan):
         fn = _RegionClip(np.asarray(reg.centres), np.asarray(reg.W), np.asarray(reg.radius))
         c = design.get("scale", 1.0)
         if c == 1.0 and pub.counts_sampled:  # a one-pass release's pass: every row's counts
-            return self.rows.stats_and_counts(self._map(pub, fn), pub.n_features)
+            return self.rows.stats_and_counts(self._map(pub, fn), pub.n_features,
+                                              pub.n_samples)
         if c == 1.0:
             return self.rows.stats(self._map(pub, fn), pub.n_features)
         S1, S2 = self._early.stats(self._map(pub, fn), pub.n_features)
@@ -976,7 +1012,8 @@ def _fallback_gmm(plan: KLCertifiedPlan, output: dict) -> GMM:
     pub = plan.public
     N, K, d = pub.n_samples, pub.n_classes, pub.n_features
     counts = np.nan_to_num(np.asarray(output["counts"], dtype=float))
-    w = released_weights(counts, N, K)
+    w = released_weights(np.nan_to_num(np.asarray(output["counts_all"], dtype=float))
+                         if "counts_all" in output else counts, N, K)
     try:
         if not pub.label_flip and "locate_2" in output:
             pub = plan.working(output)
@@ -1012,7 +1049,8 @@ class KLCertified(Mechanism):
         the private rows under replace-one)."""
         return bool(public.get("classes_declared")) and not public.get("frame_from_data")
 
-    def _response_plan(self, data, epsilon: float, delta: float, pooled=None):
+    def _response_plan(self, data, epsilon: float, delta: float, pooled=None,
+                       one_pass=None):
         """The randomized-response design (label flip): reported labels, then
         :func:`.design.response_estimate` in the public whitened frame."""
         from ...stream import Source
@@ -1063,6 +1101,11 @@ class KLCertified(Mechanism):
                   "response": {"classes": K,
                                "keep": response_probabilities(epsilon, K)[0]},
                   "classes_declared": declared, "frame_from_data": False}
+        if one_pass is not None:  # the frame from the one-pass sample's features
+            public["early_stages"] = (f"the frame from a sample of {one_pass[1][0].shape[0]} "
+                                      f"of the {N} rows in blocks of contiguous rows; then "
+                                      "one pass over every row")
+
         def public_model() -> GMM:
             # the public features alone: their mean and covariance for every class
             covs = np.broadcast_to(frame.cov_to_raw(np.eye(d)), (K, d, d)).copy()
@@ -1143,27 +1186,25 @@ class KLCertified(Mechanism):
         if not lf and options["design"] == "response":
             raise ValueError("design='response' (randomized response on the labels) needs "
                              "label-flip adjacency: under replace-one the features are private")
-        one_pass = bool(options.get("one_pass", False))
-        if one_pass and not isinstance(data, Source):
-            raise ValueError("one_pass applies to data read in chunks (Parquet files or "
-                             "arrays given as a stream source); data in memory is read once "
-                             "by every stage's own index")
         from ...stream.sample import stage_rows
 
-        # one pass: the row groups' sizes give N (the first read is the sample's groups)
-        groups = data.row_groups() if one_pass else None
-        if one_pass and groups is None:
-            stream_inputs(data, relation, False, None, None, one_pass=True)  # raises
-        one_pass = one_pass and sum(groups) > stage_rows(data.n_features)
+        one_pass = bool(options.get("one_pass", False))
+        if one_pass:
+            check_one_pass(data, relation, options)
+            # N from the row groups' sizes; with more rows than the early stages' sample, the
+            # sample is read first (rows chosen by N alone), then one pass (else: as without)
+            one_pass = sum(data.row_groups()) > stage_rows(data.n_features)
+        sample = data.block_sample(stage_rows(data.n_features)) if one_pass else None
         # a chunked source's features are read once (count, mean, scatter, the row sample)
         if lf and isinstance(data, Source) and not one_pass:
             pooled = data.pooled_and_sample(labelled=stage_rows(data.n_features))
+        elif one_pass and lf:
+            pooled = _sample_pooled(sample[0], sample[1][0])
         else:
             pooled = None
         if lf and options["design"] != "gaussian":
             K0 = len(data.resolve_classes()) if isinstance(data, Source) else data.n_classes
-            n0 = (sum(groups) if one_pass else int(round(pooled[0].counts[0])) if pooled
-                  else data.n_samples)
+            n0 = int(round(pooled[0].counts[0])) if pooled else data.n_samples
             design = options["design"]
             if isinstance(data, Source) and _on_dask(data):
                 if design == "response":
@@ -1173,7 +1214,7 @@ class KLCertified(Mechanism):
                 design = _design_on_cluster(relation, design)
             if design == "response" or (design == "auto" and choose_design(
                     epsilon, delta, n0, K0, data.n_features) == "response"):
-                return self._response_plan(data, epsilon, delta, pooled)
+                return self._response_plan(data, epsilon, delta, pooled, sample)
 
         def budget_for(n_samples: int) -> Budget:
             return release_budget(epsilon, delta, relation, n_samples, data.n_features,
@@ -1182,7 +1223,7 @@ class KLCertified(Mechanism):
         extra, early, scale, public_index, counts_sampled = {}, None, 1.0, None, False
         if isinstance(data, Source):  # streamed: passes over chunks, bounded memory
             got = stream_inputs(data, relation, bool(options["bounds_from_data"]),
-                                options["norm_bound"], budget_for, pooled, one_pass)
+                                options["norm_bound"], budget_for, pooled, sample)
             frame, rows, N, R = got["frame"], got["rows"], got["N"], got["R"]
             total_scatter, sums, counts = got["total_scatter"], got["sums"], got["counts"]
             total_sums, where, window = got["total_sums"], got["where"], got["window"]
@@ -1194,7 +1235,7 @@ class KLCertified(Mechanism):
             if scale != 1.0:
                 extra["early_stages"] = (
                     f"a sample of {round(N / scale)} of the {N} rows, chosen by their index"
-                    + (" in row groups chosen by theirs; then one pass over every row"
+                    + (" in blocks of contiguous rows; then one pass over every row"
                        if one_pass else ""))
         else:
             frame, clip, bound_ok, where, window, total_scatter = _frame_of(
