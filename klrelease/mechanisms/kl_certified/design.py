@@ -76,6 +76,11 @@ SETTINGS = {
     "locate_share": 0.08,  # replace-one: share of mu^2 for locating, taken from stage C
     "region_level": 0.95,  # stage-C radius^2 >= chi2_d quantile at this level
     "tail_scale": 1.0,  # stage C: tail mass outside a region <= this x its relative noise
+    # ... and, once that relative noise is below tail_rel, radius^2 >= the level's radius^2
+    # times (tail_rel / relative noise)^tail_power: heavy tails, whose clipped mass the
+    # chi-square tail understates, are clipped less and less (the noise still falls)
+    "tail_rel": 0.01,
+    "tail_power": 0.5,
     "count_floor": 2.0,  # released counts used as divisors are >= this x their noise sd
     "prior_divergence": 0.25,  # per dimension: expected ||Sigma_k - pooled||_F^2 / d in frame
     "release_ratio": 4.0,  # label flip: class second moments released only if their noise
@@ -390,9 +395,19 @@ def region_radius(d: int, level: float) -> float:
 def tail_radius(d: int, level: float, rel, tail_scale: float) -> np.ndarray:
     """The chi-square radius leaving the tail mass ``min(1 - level, tail_scale * rel)``
     outside: ``level``'s radius while the relative noise ``rel`` of what is clipped is large,
-    growing without bound as it falls."""
-    alpha = np.clip(tail_scale * np.asarray(rel, dtype=float), 1e-300, 1.0 - level)
-    return np.sqrt(np.maximum(chi2.isf(alpha, d), chi2.ppf(level, d)))
+    growing as it falls; below ``tail_rel``, at least ``level``'s radius times
+    ``(tail_rel / rel)^(tail_power / 2)``.
+
+    The chi-square tail grows only like ``sqrt(2 log(1 / rel))``: rows of a heavy-tailed class
+    far beyond it would be clipped at every budget, a bias that no epsilon or N removes. With
+    the power growth the radius reaches any bounded set of rows as ``rel`` falls, while the
+    noise it adds to a second moment, ``r^2 rel``, still falls (as ``rel^(1 - tail_power)``)."""
+    s = SETTINGS
+    rel = np.asarray(rel, dtype=float)
+    alpha = np.clip(tail_scale * rel, 1e-300, 1.0 - level)
+    r2 = np.maximum(chi2.isf(alpha, d), chi2.ppf(level, d))
+    grow = np.maximum(s["tail_rel"] / np.maximum(rel, 1e-300), 1.0) ** s["tail_power"]
+    return np.sqrt(np.maximum(r2, chi2.ppf(level, d) * grow))
 
 
 def flip_radius(norms: np.ndarray, n_samples: int, n_classes: int, d: int, sens: float,
@@ -805,8 +820,10 @@ def class_radius(pub: PublicInputs, n: np.ndarray, t: np.ndarray) -> np.ndarray:
     ``r_k^2`` is the chi-square quantile leaving the tail mass
     ``alpha_k = min(1 - region_level, tail_scale * r_0^2 / (sqrt(t_k) n_k))`` outside: the
     fraction of a Gaussian class that is clipped is at most of the order of the relative noise
-    of its released second moments at the base radius ``r_0``. As that noise vanishes (epsilon
-    or the class grows) the radius grows without bound, so the clipping bias vanishes too.
+    of its released second moments at the base radius ``r_0``; below ``tail_rel`` of that
+    noise, ``r_k^2`` grows at least as its power ``-tail_power`` (:func:`tail_radius`). As the
+    noise vanishes (epsilon or the class grows) the radius grows past every row, so the
+    clipping bias vanishes too, whatever the tails, while the noise it adds still falls.
     """
     s = pub.settings
     rel = pub.region_radius**2 / (np.sqrt(np.maximum(t, 1e-300)) * np.maximum(n, 1.0))
