@@ -176,7 +176,7 @@ def main() -> None:
         " keeps a labelled sample of 2^18 rows chosen by their index, then the last stage-C"
         " round; the earlier stages read the sample in memory; +one-pass: the option"
         " `one_pass`, which reads its sample's blocks of rows from the row groups that hold"
-        " them (each file here is one group of 1e6 rows; one block up to N = 1.8e7, 11 at"
+        " them (each file here is one group of 1e6 rows; one block up to N = 3.7e7, 5 at"
         " 1e8; not counted as passes) and then passes over every row once, validating it"
         " after noise is drawn; kl-paper: the class statistics, then one per round of scoring"
         " every row);"

@@ -151,9 +151,9 @@ def sample_blocks(n: int, size: int) -> list[tuple[int, int]]:
     """The row ranges ``[a, b)`` of a one-pass release's sample of ``size`` of ``n`` rows: a
     function of ``n`` alone (never of the files' layout or values).
 
-    ``B`` blocks of contiguous rows, ``B`` such that reading them costs about an eighth of
+    ``B`` blocks of contiguous rows, ``B`` such that reading them costs about a sixteenth of
     the rows at most when each lies in a row group of ``TYPICAL_GROUP`` rows
-    (``(n / 8 - size) / TYPICAL_GROUP``, between 1 and ``SAMPLE_BLOCKS``); block ``j`` lies in
+    (``(n / 16 - size) / TYPICAL_GROUP``, between 1 and ``SAMPLE_BLOCKS``); block ``j`` lies in
     the ``j``-th of ``B`` equal strata of the rows, at an offset given by the priority of
     ``n + j`` (:func:`row_priorities`). Contiguous rows are what a columnar file reads cheaply;
     rows stored in an order that follows their class or time make such a sample less
@@ -161,7 +161,7 @@ def sample_blocks(n: int, size: int) -> list[tuple[int, int]]:
     n, size = int(n), int(size)
     if n <= size:
         return [(0, n)]
-    B = int(min(SAMPLE_BLOCKS, max(1, (n / 8 - size) // TYPICAL_GROUP)))
+    B = int(min(SAMPLE_BLOCKS, max(1, (n / 16 - size) // TYPICAL_GROUP)))
     lengths = np.full(B, size // B)
     lengths[: size % B] += 1
     u = row_priorities(n, B).astype(np.float64) / 2.0**64

@@ -274,15 +274,17 @@ class Source:
             for g, (X, y) in zip(need, self.read_groups(need), strict=True):
                 if len(X) != sizes[g]:
                     raise SourceReadError(CHANGED)
-                X, codes = _chunk(X, y, self.n_features, classes)
                 read += len(X)
                 lo = int(starts[g])
-                for a, b in blocks:
+                for a, b in blocks:  # the block's rows only, validated and copied
                     a2, b2 = max(a, lo), min(b, lo + len(X))
                     if a2 < b2:
-                        X_parts.append(X[a2 - lo:b2 - lo])
-                        c_parts.append(codes[a2 - lo:b2 - lo])
+                        Xb, codes = _chunk(X[a2 - lo:b2 - lo], y[a2 - lo:b2 - lo],
+                                           self.n_features, classes)
+                        X_parts.append(np.array(Xb, dtype=np.float64, copy=True))
+                        c_parts.append(codes)
                         idx_parts.append(np.arange(a2, b2))
+                del X, y
         except (OSError, EOFError, ValueError) as exc:  # reading, not computing
             raise _read_error(exc) from exc
         idx = np.concatenate(idx_parts)
