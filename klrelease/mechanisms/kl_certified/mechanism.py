@@ -627,7 +627,7 @@ def _early_rows(frame: Frame, clip, labelled, n_classes: int, stage_a=None):
 
 
 def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_bound,
-                  budget_of, pooled=None, one_pass=None):
+                  budget_of, pooled=None, one_pass_sample=None):
     """Passes over a chunked source for everything the plan needs before noise is drawn.
 
     Returns a dict: ``frame, rows, early, scale, n_early, N, R, total_scatter, sums, counts,
@@ -640,7 +640,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     mean and covariance: the frame; the row sample that gives the radius R); stage A passes
     over every row unless the sample stands in. Replace-one: pass 1 counts the classes.
 
-    ``one_pass``: the sample of a one-pass release of more rows than it holds, ``(N,
+    ``one_pass_sample``: the sample of a one-pass release of more rows than it holds, ``(N,
     (rows, codes), rows read)`` from :meth:`~klrelease.stream.Source.block_sample` (rows
     chosen by N alone, N from the files' metadata): no pass 1. Under label flip the frame,
     the radius and the public row sample are the sample's; the counts (``counts_sampled``)
@@ -652,8 +652,8 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     d = source.n_features
     K = len(source.resolve_classes())
     S = stage_rows(d)
-    if one_pass is not None:
-        return _one_pass_inputs(source, relation, norm_bound, budget_of, one_pass)
+    if one_pass_sample is not None:
+        return _one_pass_inputs(source, relation, norm_bound, budget_of, one_pass_sample)
     if relation == Adjacency.LABEL_FLIP:
         got = source.pooled_and_sample(labelled=S) if pooled is None else pooled
         m0, sample = got[:2]
@@ -1050,7 +1050,7 @@ class KLCertified(Mechanism):
         return bool(public.get("classes_declared")) and not public.get("frame_from_data")
 
     def _response_plan(self, data, epsilon: float, delta: float, pooled=None,
-                       one_pass=None):
+                       one_pass_sample=None):
         """The randomized-response design (label flip): reported labels, then
         :func:`.design.response_estimate` in the public whitened frame."""
         from ...stream import Source
@@ -1101,8 +1101,9 @@ class KLCertified(Mechanism):
                   "response": {"classes": K,
                                "keep": response_probabilities(epsilon, K)[0]},
                   "classes_declared": declared, "frame_from_data": False}
-        if one_pass is not None:  # the frame from the one-pass sample's features
-            public["early_stages"] = (f"the frame from a sample of {one_pass[1][0].shape[0]} "
+        if one_pass_sample is not None:  # the frame from the one-pass sample's features
+            public["early_stages"] = (f"the frame from a sample of "
+                                      f"{one_pass_sample[1][0].shape[0]} "
                                       f"of the {N} rows in blocks of contiguous rows; then "
                                       "one pass over every row")
 
