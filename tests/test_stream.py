@@ -719,9 +719,10 @@ def test_one_pass_of_at_most_the_sample_is_the_two_pass_release(adjacency):
 
 
 def test_one_pass_validates_the_rest_after_noise_and_falls_back(tmp_path, monkeypatch):
-    """``one_pass`` on Parquet: a row that does not validate inside the sample's row groups is
-    refused before any noise; outside them the one pass finds it after noise was drawn, and
-    the release is the post-processing of what was released before (never an error then)."""
+    """``one_pass`` on Parquet: a row that does not validate inside the sample is refused
+    before any noise; outside the sample's row groups the one pass finds it after noise was
+    drawn, and the release is the post-processing of what was released before (never an
+    error then)."""
     from klrelease.stream.sample import sample_blocks
 
     monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", 600)
@@ -762,12 +763,19 @@ def test_one_pass_falls_back_when_the_rows_change_after_the_sample(monkeypatch):
             yield from super().chunks()
             yield self.X[:100], self.y[:100]
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        r = klrelease.release(Growing(X, y, classes=CLASSES, chunk_rows=300), None,
-                              epsilon=1.0, delta=1e-6, seed=2, design="gaussian",
-                              one_pass=True)
-    assert r.options.get("fallback")
+    class Emptied(ArraySource):
+        def chunks(self):  # no rows left when the one pass reads
+            return iter(())
+
+    for source in (Growing, Emptied):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r = klrelease.release(source(X, y, classes=CLASSES, chunk_rows=300), None,
+                                  epsilon=1.0, delta=1e-6, seed=2, design="gaussian",
+                                  one_pass=True)
+        assert r.options.get("fallback")
+        fit = klrelease.fit_gmm(X, y)  # the weights: every row's counts when they exist
+        assert np.max(np.abs(r.gmm.weights - fit.weights)) < 0.1
 
 
 def test_one_pass_with_the_response_design_reads_once(monkeypatch):
@@ -786,6 +794,13 @@ def test_one_pass_with_the_response_design_reads_once(monkeypatch):
     assert "one pass over every row" in r.options["early_stages"]
     fit = klrelease.fit_gmm(X, y)
     np.testing.assert_allclose(r.gmm.means, fit.means, atol=0.3)
+    # the frame and the debiasing read N = 6000 (the metadata's), not the sample's 2000
+    # (seeded: 5e-4 and 4.4e-5 here; 3.8e-3 and 8.1e-5 with N = 2000)
+    np.testing.assert_allclose(r.gmm.weights, fit.weights, atol=0.002)
+    from klrelease.kl import kl_divergence
+
+    ref = klrelease.GMM(fit.weights, fit.means, fit.covariances, tuple(CLASSES))
+    assert kl_divergence(ref, r.gmm) < 6e-5
 
 
 def test_one_pass_refuses_before_reading_a_row(tmp_path):

@@ -164,7 +164,7 @@ def sample_blocks(n: int, size: int) -> list[tuple[int, int]]:
     B = int(min(SAMPLE_BLOCKS, max(1, (n / 16 - size) // TYPICAL_GROUP)))
     lengths = np.full(B, size // B)
     lengths[: size % B] += 1
-    u = row_priorities(n, B).astype(np.float64) / 2.0**64
+    u = (row_priorities(n, B) >> np.uint64(11)).astype(np.float64) * 2.0**-53  # in [0, 1)
     out = []
     for j in range(B):
         lo, hi = j * n // B, (j + 1) * n // B

@@ -230,8 +230,8 @@ class Source:
     # ------------------------------------------------------- row groups (read without a pass)
     def row_groups(self) -> list[int] | None:
         """The number of rows of each of the source's row groups, in order, known without
-        reading a row (file metadata; public, like N), or ``None`` when only a pass can tell
-        (CSV, Dask). A row group is the unit :meth:`group_sample` reads."""
+        reading a row (file metadata), or ``None`` when only a pass can tell (CSV, Dask). A
+        row group is the unit :meth:`block_sample` reads."""
         return None
 
     def read_group(self, g: int) -> tuple[np.ndarray, np.ndarray | None]:  # pragma: no cover
@@ -243,16 +243,18 @@ class Source:
         for g in groups:
             yield self.read_group(g)
 
-    def block_sample(self, size: int) -> tuple[int, tuple[np.ndarray, np.ndarray], int]:
+    def block_sample(self, size: int, sizes=None
+                     ) -> tuple[int, tuple[np.ndarray, np.ndarray], int]:
         """The labelled sample of a one-pass release, read without a pass over the data.
 
         N is the sum of the row groups' sizes (metadata); the sample is the rows of
         :func:`~klrelease.stream.sample.sample_blocks` (a function of N alone), read from the
-        row groups that hold them and validated like any pass. Returns ``(N, (rows, codes),
-        rows read)``, the sample in row-priority order (private)."""
+        row groups that hold them and validated like any pass (the other rows of those groups
+        are not). ``sizes``: :meth:`row_groups`, if read already. Returns ``(N, (rows,
+        codes), rows read)``, the sample in row-priority order (private)."""
         from .sample import priorities_of, sample_blocks
 
-        sizes = self.row_groups()
+        sizes = self.row_groups() if sizes is None else sizes
         if sizes is None:
             raise ValueError("a one-pass release reads its sample by row groups and needs "
                              "their sizes without reading the data: a Parquet source or "

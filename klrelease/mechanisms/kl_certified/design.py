@@ -392,7 +392,8 @@ def region_radius(d: int, level: float) -> float:
     return float(np.sqrt(chi2.ppf(level, d)))
 
 
-def tail_radius(d: int, level: float, rel, tail_scale: float) -> np.ndarray:
+def tail_radius(d: int, level: float, rel, tail_scale: float,
+                settings: dict | None = None) -> np.ndarray:
     """The chi-square radius leaving the tail mass ``min(1 - level, tail_scale * rel)``
     outside: ``level``'s radius while the relative noise ``rel`` of what is clipped is large,
     growing as it falls; below ``tail_rel``, at least ``level``'s radius times
@@ -401,8 +402,9 @@ def tail_radius(d: int, level: float, rel, tail_scale: float) -> np.ndarray:
     The chi-square tail grows only like ``sqrt(2 log(1 / rel))``: rows of a heavy-tailed class
     far beyond it would be clipped at every budget, a bias that no epsilon or N removes. With
     the power growth the radius reaches any bounded set of rows as ``rel`` falls, while the
-    noise it adds to a second moment, ``r^2 rel``, still falls (as ``rel^(1 - tail_power)``)."""
-    s = SETTINGS
+    noise it adds to a second moment, ``r^2 rel``, still falls (as ``rel^(1 - tail_power)``).
+    ``settings``: where ``tail_rel`` and ``tail_power`` are read (default :data:`SETTINGS`)."""
+    s = SETTINGS if settings is None else settings
     rel = np.asarray(rel, dtype=float)
     alpha = np.clip(tail_scale * rel, 1e-300, 1.0 - level)
     r2 = np.maximum(chi2.isf(alpha, d), chi2.ppf(level, d))
@@ -827,7 +829,7 @@ def class_radius(pub: PublicInputs, n: np.ndarray, t: np.ndarray) -> np.ndarray:
     """
     s = pub.settings
     rel = pub.region_radius**2 / (np.sqrt(np.maximum(t, 1e-300)) * np.maximum(n, 1.0))
-    return tail_radius(pub.n_features, s["region_level"], rel, s["tail_scale"])
+    return tail_radius(pub.n_features, s["region_level"], rel, s["tail_scale"], s)
 
 
 def located_radius(d: int, n_samples: int, n_classes: int, budget: Budget) -> float:
@@ -843,7 +845,7 @@ def located_radius(d: int, n_samples: int, n_classes: int, budget: Budget) -> fl
     if budget.locate > 0:
         r0sq = chi2.ppf(s["radius_quantile"], d)
         rel = r0sq * n_classes / (sens * max(n_samples, 1))
-        return float(tail_radius(d, s["radius_quantile"], rel, s["tail_scale"]))
+        return float(tail_radius(d, s["radius_quantile"], rel, s["tail_scale"], s))
     rel = np.sqrt(d) * n_classes / (sens * max(n_samples, 1))
     frac = 1.0 - (1.0 - s["box_radius"]) * min(1.0, rel / s["box_noise"])
     return float(2.0 * np.sqrt(d) * frac)

@@ -102,10 +102,10 @@ class KLCertifiedOptions(MechanismOptions):
         "inputs (auto); replace-one: gaussian")
     one_pass: bool = Field(
         False, description="data read in chunks from Parquet files or arrays, more rows than "
-        "the early stages' sample: read the sample's row groups, then pass over every row "
-        "once (the Gaussian design); rows are then validated as that pass reads them, after "
-        "noise is drawn (a row that does not validate makes the release the post-processing "
-        "of what was released before it)")
+        "the early stages' sample, declared classes: read the sample (blocks of rows placed "
+        "by N alone), then pass over every row once; the rows outside the sample are then "
+        "validated as that pass reads them, after noise is drawn (a row that does not "
+        "validate makes the release the post-processing of what was released before it)")
 
 
 ASSUMPTIONS = (
@@ -370,13 +370,19 @@ class _StreamRows:
     def __init__(self, source, frame: Frame, clip=None):
         self.source, self.frame, self.clip = source, frame, clip
 
+    def _moments(self, fn):
+        got = self.source.bounded_moments(_raw_map(fn, self.frame, self.clip))
+        if got is None:  # no rows at all: the data changed since it was first read
+            raise SourceReadError(CHANGED)
+        return got
+
     def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        return self.source.bounded_moments(_raw_map(fn, self.frame, self.clip))[1:]
+        return self._moments(fn)[1:]
 
     def stats_and_counts(self, fn, d: int, rows: int) -> tuple[np.ndarray, ...]:
         """:meth:`stats` and the class counts of the same pass, which must read ``rows``
         rows (the number the files' metadata gave: else they changed since)."""
-        n, S1, S2 = self.source.bounded_moments(_raw_map(fn, self.frame, self.clip))
+        n, S1, S2 = self._moments(fn)
         if int(round(float(n.sum()))) != int(rows):
             raise SourceReadError(CHANGED)
         return S1, S2, n
@@ -694,15 +700,17 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
                 window=_bound_window(domain), public_rows=None)
 
 
-def check_one_pass(data, relation: Adjacency, options: dict) -> None:
-    """Refuse ``one_pass`` where it cannot keep its promise, before any row is read."""
+def check_one_pass(data, relation: Adjacency, options: dict) -> list[int]:
+    """Refuse ``one_pass`` where it cannot keep its promise, before any row is read; the row
+    groups' sizes (read once: every later step uses these)."""
     from ...stream import Source
 
     if not isinstance(data, Source):
         raise ValueError("one_pass applies to data read in chunks (Parquet files, or arrays "
                          "given as a klrelease.stream.ArraySource); data in memory is not "
                          "passed over")
-    if data.row_groups() is None:
+    sizes = data.row_groups()
+    if sizes is None:
         raise ValueError("one_pass reads its sample by row groups and needs the number of "
                          "rows without a pass: use Parquet files or arrays (a CSV or Dask "
                          "source is counted by a pass)")
@@ -712,6 +720,7 @@ def check_one_pass(data, relation: Adjacency, options: dict) -> None:
     if relation == Adjacency.REPLACE_ONE and options.get("bounds_from_data"):
         raise ValueError("bounds_from_data=True needs the data in memory; give a public "
                          "bound (bounds= or norm_bound=) for streamed data")
+    return sizes
 
 
 def _sample_pooled(N: int, X: np.ndarray):
@@ -1190,12 +1199,14 @@ class KLCertified(Mechanism):
         from ...stream.sample import stage_rows
 
         one_pass = bool(options.get("one_pass", False))
+        sample = None
         if one_pass:
-            check_one_pass(data, relation, options)
+            sizes = check_one_pass(data, relation, options)
             # N from the row groups' sizes; with more rows than the early stages' sample, the
             # sample is read first (rows chosen by N alone), then one pass (else: as without)
-            one_pass = sum(data.row_groups()) > stage_rows(data.n_features)
-        sample = data.block_sample(stage_rows(data.n_features)) if one_pass else None
+            one_pass = sum(sizes) > stage_rows(data.n_features)
+            if one_pass:
+                sample = data.block_sample(stage_rows(data.n_features), sizes)
         # a chunked source's features are read once (count, mean, scatter, the row sample)
         if lf and isinstance(data, Source) and not one_pass:
             pooled = data.pooled_and_sample(labelled=stage_rows(data.n_features))
