@@ -340,11 +340,16 @@ class PublicInputs:
 
     def locate(self, located) -> PublicInputs:
         """These inputs in the located frame (:class:`.locate.Located`, released values):
-        ``u = (t - c) / s`` per feature for ``t`` in the bound's frame."""
+        ``u = (t - c) / s`` per feature for ``t`` in the bound's frame. The stage-A radius is
+        at most the largest norm a located row can have (rows are clipped into the bound's
+        window there): beyond it a radius adds noise and clips nothing."""
         f = self.frame
         frame = Frame(f.centre + located.centre @ f.W_inv, f.W / located.scale[None, :],
                       located.scale[:, None] * f.W_inv)
-        return replace(self, frame=frame, located=located)
+        far = float(np.sqrt(np.sum(np.maximum(np.abs(located.lower),
+                                              np.abs(located.upper)) ** 2)))
+        radius = min(self.radius, far) if np.isfinite(far) and far > 0 else self.radius
+        return replace(self, frame=frame, located=located, radius=radius)
 
     @property
     def locate_sd(self) -> float:
