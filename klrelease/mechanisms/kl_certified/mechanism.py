@@ -648,20 +648,21 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
 
     ``one_pass_sample``: the sample of a one-pass release of more rows than it holds, ``(N,
     (rows, codes), rows read)`` from :meth:`~klrelease.stream.Source.block_sample` (rows
-    chosen by N alone, N from the files' metadata): no pass 1. Under label flip the frame,
-    the radius and the public row sample are the sample's; the counts (``counts_sampled``)
-    are the sample's, and the one pass over every row, stage C's last round, counts every row
-    too.
+    chosen by N alone, N from the files' metadata), which stands in for pass 1
+    (:func:`_pass_one_of_sample`): under label flip the frame, the radius and the public row
+    sample are the sample's; the counts (``counts_sampled``) are the sample's, and the one
+    pass over every row, stage C's last round, counts every row too.
     """
     from ...stream.sample import stage_rows
 
     d = source.n_features
     K = len(source.resolve_classes())
     S = stage_rows(d)
-    if one_pass_sample is not None:
-        return _one_pass_inputs(source, relation, norm_bound, budget_of, one_pass_sample)
+    first = (None if one_pass_sample is None else
+             _pass_one_of_sample(one_pass_sample, K, relation == Adjacency.LABEL_FLIP))
     if relation == Adjacency.LABEL_FLIP:
-        got = source.pooled_and_sample(labelled=S) if pooled is None else pooled
+        got = pooled if pooled is not None else (
+            first if first is not None else source.pooled_and_sample(labelled=S))
         m0, sample = got[:2]
         N = int(round(m0.counts[0]))
         mean, C, M2 = _pooled_covariance(m0)
@@ -682,13 +683,14 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
             total = c * _frame_sums(early.rows, R)
         return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
                     N=N, R=R, total_scatter=total_scatter, sums=sums, counts=counts,
-                    total_sums=total, where=where, window=window, public_rows=public_rows)
+                    total_sums=total, where=where, window=window, public_rows=public_rows,
+                    counts_sampled=first is not None)
     if bounds_from_data:
         raise ValueError("bounds_from_data=True needs the data in memory; give a public "
                          "bound (bounds= or norm_bound=) for streamed data")
     domain = _public_bound(source.domain, norm_bound, False, d)
     frame, clip = bound_frame(domain)
-    counts, labelled = source.counts_and_sample(S)
+    counts, labelled = (source.counts_and_sample(S) if first is None else first[2:])
     N = int(round(counts.sum()))
     sampled = N > S
     early = _early_rows(frame, clip, labelled, K)[0] if sampled else None
@@ -697,7 +699,8 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
                 N=N, R=R, total_scatter=None, sums=None, counts=counts, total_sums=None,
                 where="the public bound, located by noisy histograms",
-                window=_bound_window(domain), public_rows=None)
+                window=_bound_window(domain), public_rows=None,
+                counts_sampled=first is not None)
 
 
 def check_one_pass(data, relation: Adjacency, options: dict) -> list[int]:
@@ -723,55 +726,25 @@ def check_one_pass(data, relation: Adjacency, options: dict) -> list[int]:
     return sizes
 
 
-def _sample_pooled(N: int, X: np.ndarray):
-    """Label flip, one pass: the public features' moments from the sample's rows ``X`` (its
-    count taken as N, its scatter scaled to N - 1 degrees of freedom) and its first
-    ``SAMPLE_ROWS`` rows as the public row sample, as ``Source.pooled_and_sample`` returns
-    them from a pass."""
+def _pass_one_of_sample(sample, n_classes: int, label_flip: bool):
+    """What pass 1 returns (``Source.pooled_and_sample(labelled=...)``: the features' moments,
+    the public row sample, the class counts, the labelled sample), from a one-pass release's
+    sample ``(N, (rows, codes), rows read)``: the moments of the sample's features (count N,
+    scatter scaled to N - 1 degrees of freedom, magnitudes checked), its first
+    ``SAMPLE_ROWS`` rows, and its class counts scaled to N (their noise is scaled too:
+    ``PublicInputs.count_sd``). Under replace-one the features are private: only the last two
+    (the first two ``None``; no check of their magnitudes may refuse on them)."""
     from ...stream.moments import ClassMoments
     from ...stream.sample import SAMPLE_ROWS
 
-    mean, _, M2 = _public_moments(X)  # the magnitudes checked
+    N, (X, codes), _ = sample
+    counts = (N / X.shape[0]) * np.bincount(codes, minlength=n_classes).astype(float)
+    if not label_flip:
+        return None, None, counts, (X, codes)
+    mean, _, M2 = _public_moments(X)
     m0 = ClassMoments(np.array([float(N)]), mean[None, :],
                       (M2 * ((N - 1) / max(X.shape[0] - 1, 1)))[None, :, :])
-    return m0, X[:SAMPLE_ROWS]
-
-
-def _one_pass_inputs(source, relation: Adjacency, norm_bound, budget_of, sample) -> dict:
-    """:func:`stream_inputs` of a one-pass release of more rows than its sample (``sample``
-    from :meth:`~klrelease.stream.Source.block_sample`): the rest is read only by stage C's
-    last round."""
-    from ...stream.sample import SAMPLE_ROWS
-
-    d = source.n_features
-    K = len(source.resolve_classes())
-    N, labelled, _ = sample
-    S = labelled[0].shape[0]
-    X, codes = labelled
-    c = N / X.shape[0]
-    # the sample's counts, scaled (their noise is too: PublicInputs.count_sd)
-    counts = c * np.bincount(codes, minlength=K).astype(float)
-    out = dict(N=N, scale=c, counts=counts, counts_sampled=True)
-    if relation == Adjacency.LABEL_FLIP:
-        # the public features of the sample: their moments give the frame (and, scaled to
-        # N rows, the total scatter), the first SAMPLE_ROWS of them the public row sample
-        mean, C, M2 = _public_moments(X)
-        frame = whitening_frame(mean, C)
-        public_rows = frame.to_frame(X[:SAMPLE_ROWS])
-        R = sample_radius(frame, None, budget_of(N), S, K, public_rows)
-        early, sums = _early_rows(frame, None, labelled, K, _CentredClip(np.zeros((K, d)), R))
-        return dict(out, frame=frame, rows=_StreamRows(source, frame, None), early=early,
-                    R=R, total_scatter=frame_scatter(frame, M2 * ((N - 1) / (X.shape[0] - 1))),
-                    sums=c * sums, total_sums=c * _frame_sums(early.rows, R),
-                    where="the public features (whitened)", window=None,
-                    public_rows=public_rows)
-    domain = _public_bound(source.domain, norm_bound, False, d)
-    frame, clip = bound_frame(domain)
-    return dict(out, frame=frame, rows=_StreamRows(source, frame, clip),
-                early=_early_rows(frame, clip, labelled, K)[0],
-                R=located_radius(d, S, K, budget_of(N)), total_scatter=None, sums=None,
-                total_sums=None, where="the public bound, located by noisy histograms",
-                window=_bound_window(domain), public_rows=None)
+    return m0, X[:SAMPLE_ROWS], counts, (X, codes)
 
 
 def _plan_width(plan, *args, **kwargs) -> int:
@@ -1211,7 +1184,7 @@ class KLCertified(Mechanism):
         if lf and isinstance(data, Source) and not one_pass:
             pooled = data.pooled_and_sample(labelled=stage_rows(data.n_features))
         elif one_pass and lf:
-            pooled = _sample_pooled(sample[0], sample[1][0])
+            pooled = _pass_one_of_sample(sample, len(data.resolve_classes()), True)
         else:
             pooled = None
         if lf and options["design"] != "gaussian":
