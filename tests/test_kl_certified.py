@@ -1,6 +1,7 @@
 """Tests of the certified mechanism ``kl-certified``: privacy map, robustness, equivariance."""
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -499,6 +500,55 @@ def test_clipping_radii_outgrow_heavy_tails():
         rng = np.random.default_rng(0)
         kl.append(np.mean([kl_divergence(ref, p.draw(rng)) for _ in range(4)]))
     assert kl[1] < 0.5 * kl[0] and kl[1] < 0.12, kl
+
+
+def test_one_round_regions_cover_precise_classes():
+    """Replace-one, one stage-C round: a class whose second moments are precise gets a region
+    shaped like the pooled covariance as estimated (covering), not lowered by stage B's noise
+    margin, which made the region far narrower than the class along the directions that
+    noise hides and clipped most of its rows. Noisy classes keep the lowered shape; label
+    flip keeps it throughout."""
+    rng = np.random.default_rng(5)
+    d = 4
+    Xs, ys = [], []
+    for k, n in enumerate([1500, 1500, 40]):  # classes elongated along different directions:
+        Q, _ = np.linalg.qr(rng.normal(size=(d, d)))  # the pooled shape is far from each
+        L = Q * np.array([4.0, 1.0, 0.3, 0.1])
+        Xs.append(6.0 * k + rng.normal(size=(n, d)) @ L.T)
+        ys.append(np.full(n, k))
+    X, y = np.vstack(Xs), np.concatenate(ys)
+    box = (X.min(0) - 0.25 * np.ptp(X, 0), X.max(0) + 0.25 * np.ptp(X, 0))
+    data = kr.as_labelled_data(X, y, classes=[0, 1, 2], bounds=box)
+    p = kr.plan(data, None, epsilon=3.0, delta=1e-5, adjacency="replace-one")
+    out = p.sample(np.random.default_rng(0))
+    pub = p.working(out)
+    first = design.stage_c_design(pub, out)
+    assert len(first["shares"]) == 1  # one round: the small class's noise rules out two
+    beta = design.lowering(pub, first["noise"], first["n"])
+    assert np.all(beta[:2] < 0.5) and beta[2] == 1.0, beta
+    rows = {}
+
+    def keep(T, k):
+        rows.setdefault(k, []).append(T.copy())
+        return T
+
+    p.rows.stats(p._map(pub, keep), d)
+    reg = first["regions"]
+    for k in range(2):  # the lowered shapes clipped 85% and 80% of these two classes
+        U = (np.concatenate(rows[k]) - reg.centres[k]) @ reg.W[k]
+        clipped = np.mean(np.linalg.norm(U, axis=1) > reg.radius[k])
+        assert clipped < 0.2, (k, clipped)
+    # the fraction falls with the noise: 1 where the second moments are not released
+    noise = first["noise"]
+    louder = replace(noise, cov_sd=noise.cov_sd * np.array([1.0, 30.0, np.inf]))
+    b2 = design.lowering(pub, louder, first["n"])
+    assert b2[0] == beta[0] and b2[1] > beta[1] and b2[2] == 1.0
+    flip = kr.plan(data, None, epsilon=3.0, delta=1e-5, adjacency="label-flip",
+                   design="gaussian")
+    out = flip.sample(np.random.default_rng(0))
+    fpub = flip.working(out)
+    f1 = design.stage_c_design(fpub, out)
+    np.testing.assert_array_equal(design.lowering(fpub, f1["noise"], f1["n"]), 1.0)
 
 
 @pytest.mark.parametrize("relation,one_pass", [("label-flip", False), ("replace-one", False),
