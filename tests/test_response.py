@@ -75,10 +75,67 @@ def test_reported_moments_merge_by_addition_and_energy_matches_its_definition():
         np.testing.assert_allclose(getattr(whole, a), getattr(parts, a))
     c = rng.normal(size=(3, 3))
     p, q = response_probabilities(2.0, 3)
-    energy = debiased_moments(whole, 3, 2.0)[3](c)
+    energy = debiased_moments(whole, 3, 2.0)[3]
     for k in range(3):
         v = np.where(z == k, p * (1 - p), q * (1 - q)) / (p - q) ** 2
-        assert energy[k] == pytest.approx(np.sum(v * np.sum((T - c[k]) ** 2, 1) ** 2))
+        r2 = np.sum((T - c[k]) ** 2, 1)
+        assert energy(c)[k] == pytest.approx(np.sum(v * r2**2))
+        assert energy(c, power=2)[k] == pytest.approx(np.sum(v * r2))
+
+
+def test_sum_energy_is_the_variance_of_the_debiased_sums():
+    """``energy(c, power=2)`` is the expected squared norm of the noise of ``S1_k - n_k c_k``
+    (Monte Carlo over the reports, within 15%)."""
+    rng = np.random.default_rng(4)
+    K, eps = 3, 1.5
+    codes = np.repeat(np.arange(K), [150, 120, 30])
+    T = rng.normal(size=(300, 2)) + 2.0 * codes[:, None]
+    c = np.stack([T[codes == k].mean(0) for k in range(K)])
+    true = np.stack([T[codes == k].sum(0) for k in range(K)]) - np.bincount(codes)[:, None] * c
+    sq, pred = np.zeros(K), np.zeros(K)
+    reps = 1500
+    for _ in range(reps):
+        n, S1, _, energy = debiased_moments(ReportedMoments.of(T, respond(codes, K, eps, rng),
+                                                               K), K, eps)
+        sq += np.sum((S1 - n[:, None] * c - true) ** 2, axis=1)
+        pred += energy(c, power=2)
+    np.testing.assert_allclose(sq / reps, pred / reps, rtol=0.15)
+
+
+def test_response_design_shrinks_the_noisy_mean_of_a_small_class():
+    """A class of 15 rows among 2000: the rows the others report into it make its debiased
+    mean noisy far beyond its spread; the release shrinks it toward the public mean by its
+    known noise, and its error falls (the large classes' means barely move)."""
+    from klrelease.mechanisms.kl_certified import design
+
+    rng = np.random.default_rng(7)
+    sizes = [992, 993, 15]
+    codes = np.repeat(np.arange(3), sizes)
+    centres = rng.normal(0, 3, (3, 4))
+    X = centres[codes] + rng.standard_t(3, size=(2000, 4))
+    data = kr.as_labelled_data(X, codes, classes=[0, 1, 2], min_class_size=0)
+    p = kr.plan(data, None, epsilon=2.0, delta=1e-5, design="response")
+    fit = np.stack([X[codes == k].mean(0) for k in range(3)])
+    err = {}
+    for shrink in (True, False):
+        if not shrink:
+            design.shrunk_means, keep = (lambda mu, *a: mu), design.shrunk_means
+        try:
+            rng = np.random.default_rng(0)
+            err[shrink] = np.mean([np.linalg.norm(p.draw(rng).means - fit, axis=1)
+                                   for _ in range(8)], axis=0)
+        finally:
+            if not shrink:
+                design.shrunk_means = keep
+    assert err[True][2] < 0.5 * err[False][2], err
+    assert np.all(err[True][:2] < 1.2 * err[False][:2] + 0.05), err
+    m = np.array([[0.0, 0.0, 0.0], [10.0, 0.0, 0.0]])
+    s = design.SETTINGS
+    out = design.shrunk_means(m, np.zeros(3), np.array([1e9, 0.0]), s)
+    np.testing.assert_array_equal(out, [[0.0, 0.0, 0.0], [10.0, 0.0, 0.0]])
+    out = design.shrunk_means(m, np.ones(3), np.array([1e9, 0.0]), s)
+    np.testing.assert_allclose(out[0], 1.0)  # all noise: the centre
+    np.testing.assert_array_equal(out[1], m[1])  # no noise: unchanged
 
 
 def test_dp_event_is_pure_epsilon_in_dp_accounting():

@@ -137,8 +137,9 @@ class ReportedMoments:
 def debiased_moments(m: ReportedMoments, n_classes: int, epsilon: float):
     """Unbiased class counts ``(K,)``, sums ``(K, d)`` and scatters ``(K, d, d)`` from the
     reported moments, and for every class the expected squared norm of the noise of its
-    second moments about ``centres`` (a function returned as ``energy(centres)``, ``(K,)``),
-    from the per-row variances of :func:`row_variances` (post-processing)."""
+    second moments about ``centres`` (a function returned as ``energy(centres)``, ``(K,)``;
+    ``energy(centres, power=2)``: of its sum less ``n_k c_k``), from the per-row variances of
+    :func:`row_variances` (post-processing)."""
     K = int(n_classes)
     p, q = response_probabilities(epsilon, K)
 
@@ -164,13 +165,18 @@ def debiased_moments(m: ReportedMoments, n_classes: int, epsilon: float):
                      + 4 * c @ m.scatter[j] @ c - 4 * cc * (m.sums[j] @ c)
                      + m.counts[j] * cc * cc)
 
-    def energy(centres: np.ndarray) -> np.ndarray:
-        # sum over rows of v_nk ||t_n - c_k||^4, split by whether the row was reported in k
+    def square(j: int, c: np.ndarray) -> float:
+        """Sum over the rows reported in ``j`` of ``||t - c||^2``."""
+        return float(m.sq[j] - 2 * m.sums[j] @ c + m.counts[j] * (c @ c))
+
+    def energy(centres: np.ndarray, power: int = 4) -> np.ndarray:
+        # sum over rows of v_nk ||t_n - c_k||^power, split by whether the row was reported in k
+        moment = quartic if power == 4 else square
         out = np.empty(K)
         for k in range(K):
             c = np.asarray(centres[k], dtype=float)
-            tot = sum(quartic(j, c) for j in range(K))
-            mine = quartic(k, c)
+            tot = sum(moment(j, c) for j in range(K))
+            mine = moment(k, c)
             out[k] = own * mine + other * (tot - mine)
         return np.maximum(out, 0.0)
 
