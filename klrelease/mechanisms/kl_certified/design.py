@@ -1478,9 +1478,11 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
     in the public frame (post-processing of the reported labels and the public features).
 
     The debiased class moments (:func:`klrelease.privacy.response.debiased_moments`) are
-    unbiased but noisy where the flipped rows lie far from a class. Each class covariance is
-    shrunk toward the public class shape (the public rows weighted by their posterior under the
-    debiased model; the pooled covariance where that is degenerate) by the ratio of its known
+    unbiased but noisy where the flipped rows lie far from a class. Each class mean is shrunk
+    toward the mean of every row by its known noise (:func:`shrunk_means`). Each class
+    covariance is shrunk toward the public class shape (the public rows weighted by their
+    posterior under the debiased model with those means; the pooled covariance where that is
+    degenerate) by the ratio of its known
     noise energy to its distance from the target (James-Stein), and its eigenvalues are floored
     at a tenth of the target's variance in each direction, or the noise's spectral scale if
     that is smaller, times the expected number of rows whose report moves the class when that
@@ -1522,7 +1524,10 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
                        public_rows=public_rows, public_index=public_index)
     # the public class shape of each class (the pooled covariance where there is none), one
     # class at a time
-    resp = responsibilities(pub, nn, mu, P)
+    # the means shrunk by their own noise (a small class's debiased mean is mostly the rows
+    # the others reported into it), and the public class shapes from the posterior under them
+    means = shrunk_means(mu, S1.sum(axis=0) / max(N, 1), energy(mu, power=2) / nn**2, s)
+    resp = responsibilities(pub, nn, means, P)
     nu = energy(mu) / dof**2  # expected ||noise||_F^2 of each class covariance
     # the expected number of rows whose report moves a class's moments (its own rows reported
     # elsewhere, the others' reported in it): below one, most draws move none
@@ -1533,7 +1538,7 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
     js = s["response_shrink"] * max(free - 2.0, 0.0) / free
     covs = C  # each class's covariance in place of its estimate
     for k in range(K):
-        T = P if resp is None else public_shape(pub, resp, mu, P, k)
+        T = P if resp is None else public_shape(pub, resp, means, P, k)
         dist = _distance_sq(C[k], T)
         a = min(1.0, js * nu[k] / dist) if dist > 0 and np.isfinite(dist) else js
         Ck = _blend(C[k], T, a)
@@ -1553,7 +1558,6 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
         del T
         np.matmul(vecs * np.maximum(vals, floor), vecs.T, out=covs[k])
         del vecs
-    means = shrunk_means(mu, S1.sum(axis=0) / max(N, 1), energy(mu, power=2) / nn**2, s)
     return w, frame.mean_to_raw(means), frame.covs_to_raw(covs, out=covs)
 
 
