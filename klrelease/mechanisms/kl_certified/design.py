@@ -16,7 +16,9 @@ B. under replace-one only, the pooled scatter of the rows about those released c
 C. per class, the sums and second moments of the rows in a *class region*: an ellipsoid
    centred on the released centre and shaped by the released pooled covariance plus the
    centre's known noise (not lowered by its noise when a second round follows, which re-shapes
-   every region on the class's own first-round covariance), radius ``r`` (:func:`regions`),
+   every region on the class's own first-round covariance; with one round, under replace-one,
+   lowered per class by as much as the class's own noise calls for, :func:`lowering`), radius
+   ``r`` (:func:`regions`),
    with the class's budget split between means and covariances by a KL surrogate
    (:func:`class_noise`).
 
@@ -502,7 +504,7 @@ def _between(n: np.ndarray, a: np.ndarray, C: np.ndarray | None = None) -> np.nd
 def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
                       means_cov: np.ndarray, scatter: np.ndarray | None = None,
                       scatter_centres: np.ndarray | None = None,
-                      cover: bool | str = False):
+                      cover: bool | str | np.ndarray = False):
     """The pooled within-class covariance (frame units) from public and released values.
 
     Label flip: ``(T - sum_k n_k (m_k m_k^T - C_k)) / (N - K)`` with ``T`` the public total
@@ -589,7 +591,8 @@ def lowering(pub: PublicInputs, noise: ClassNoise, n: np.ndarray) -> np.ndarray:
     d = pub.n_features
     rel = covariance_energy(noise, n, d) / d * np.sqrt(d / 4.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.log(np.maximum(rel, 1e-300) / a) / np.log(b / a)
+        t = (np.log(np.maximum(rel, 1e-300) / a) / np.log(b / a) if b > a
+             else np.where(rel > a, 1.0, 0.0))
     return np.where(np.isfinite(rel), np.clip(t, 0.0, 1.0), 1.0)
 
 
@@ -1522,8 +1525,6 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
     pub = PublicInputs(relation="label-flip", n_samples=N, n_classes=K, n_features=d,
                        frame=frame, budget=None, radius=0.0, region_radius=0.0,
                        public_rows=public_rows, public_index=public_index)
-    # the public class shape of each class (the pooled covariance where there is none), one
-    # class at a time
     # the means shrunk by their own noise (a small class's debiased mean is mostly the rows
     # the others reported into it), and the public class shapes from the posterior under them
     means = shrunk_means(mu, S1.sum(axis=0) / max(N, 1), energy(mu, power=2) / nn**2, s)
@@ -1569,12 +1570,14 @@ def shrunk_means(mu: np.ndarray, centre: np.ndarray, energy: np.ndarray,
     by the rows the others report into it: its debiased mean is noisy far beyond its spread
     and mostly falls back to the centre (on t(3) data with a class of 15 rows in 2000 at
     eps = 2 its mean's KL term fell from 8180 to about 120). As epsilon grows the noise and
-    the shrinkage vanish."""
+    the shrinkage vanish. James-Stein needs three dimensions: with d <= 2 the means are kept
+    as debiased."""
     d = mu.shape[1]
-    js = settings["response_shrink"] * max(d - 2.0, 0.0) / d
+    js = settings["response_shrink"] * max(d - 2.0, 0.0) / d  # James-Stein: none below d = 3
     out = mu.copy()
     for k in range(mu.shape[0]):
         dist = float(np.sum((mu[k] - centre) ** 2))
-        a = min(1.0, js * energy[k] / dist) if dist > 0 and np.isfinite(dist) else 0.0
+        ratio = js * float(energy[k]) / dist if dist > 0 else 0.0
+        a = min(1.0, ratio) if np.isfinite(ratio) else (0.0 if np.isnan(ratio) else 1.0)
         out[k] = (1 - a) * mu[k] + a * centre
     return out
