@@ -1485,13 +1485,12 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
     toward the mean of every row by its known noise (:func:`shrunk_means`). Each class
     covariance is shrunk toward the public class shape (the public rows weighted by their
     posterior under the debiased model with those means; the pooled covariance where that is
-    degenerate) by the ratio of its known
-    noise energy to its distance from the target (James-Stein), and its eigenvalues are floored
-    at a tenth of the target's variance in each direction, or the noise's spectral scale if
-    that is smaller, times the expected number of rows whose report moves the class when that
-    is below one (most draws then move none: the noise is rare, not small): a level that falls
-    with that noise. As epsilon grows the noise, the shrinkage and the floor vanish: the
-    release becomes the non-private fit.
+    degenerate) by the ratio of its known noise energy to its distance from the target
+    (James-Stein), and its eigenvalues are floored at a tenth of the target's variance in each
+    direction, or the noise's spectral scale if that is smaller, times the expected number of
+    rows whose report moves the class when that is below one (most draws then move none: the
+    noise is rare, not small): a level that falls with that noise. As epsilon grows the noise,
+    the shrinkage and the floor vanish: the release becomes the non-private fit.
 
     ``public_rows`` is the public row sample in the frame, or with ``public_index`` the rows
     it is read from (the sample is ``public_rows[public_index]``).
