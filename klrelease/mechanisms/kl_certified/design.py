@@ -538,32 +538,37 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     # a floor relative to the largest eigenvalue, falling with the noise of the estimate
     floor = min(pub.settings["pooled_floor"] * scale, max(err, 1e-12 * scale))
     margin = pub.settings["eigen_margin"] * err
-    lowered = eig_map(w, V, lambda w: np.maximum(w - margin, floor))
-    if isinstance(cover, np.ndarray):  # per class, lowered by these fractions of the margin
-        return lowered, _LoweredShapes(w, V, margin, floor,
-                                       pub.settings["cover_floor"] * err, cover, lowered)
+    per_class = isinstance(cover, np.ndarray)  # lowered by these fractions of the margin
+    shapes = _LoweredShapes(w, V, margin, floor, pub.settings["cover_floor"] * err,
+                            cover if per_class else None)
+    lowered = shapes.lowered
+    if per_class:
+        return lowered, shapes
     if not cover:
         return lowered
-    low = max(floor, pub.settings["cover_floor"] * err)
-    covering = eig_map(w, V, lambda w: np.maximum(w, low))
+    covering = shapes.lowered_by(0.0)
     return (lowered, covering) if cover == "both" else covering
 
 
 class _LoweredShapes:
-    """Per class ``k`` the pooled covariance with its eigenvalues lowered by ``beta_k`` times
-    the noise margin (``beta_k = 1``: the shrinkage target; ``0``: the covering shape), built
-    when read (one d x d matrix at a time)."""
+    """The pooled covariance ``(w, V)`` with its eigenvalues lowered by a fraction ``b`` of the
+    noise margin and floored: ``max(w - b margin, max(floor, (1 - b) cover_low))``. ``b = 1``
+    is the lowered shape (the shrinkage target), ``b = 0`` the covering one; indexed by class
+    ``k`` (with per-class fractions ``beta``), class ``k``'s shape, built when read (one d x d
+    matrix at a time)."""
 
-    def __init__(self, w, V, margin, floor, cover_low, beta, lowered):
-        self.w, self.V, self.margin, self.floor = w, V, margin, floor
-        self.cover_low, self.beta, self.lowered = cover_low, beta, lowered
+    def __init__(self, w, V, margin, floor, cover_low, beta=None):
+        self.w, self.V, self.margin, self.floor, self.cover_low = w, V, margin, floor, cover_low
+        self.beta = beta
+        self.lowered = self.lowered_by(1.0)
+
+    def lowered_by(self, b: float) -> np.ndarray:
+        low = max(self.floor, (1.0 - b) * self.cover_low)
+        return eig_map(self.w, self.V, lambda w: np.maximum(w - b * self.margin, low))
 
     def __getitem__(self, k: int) -> np.ndarray:
         b = float(self.beta[k])
-        if b >= 1.0:
-            return self.lowered
-        low = max(self.floor, (1.0 - b) * self.cover_low)
-        return eig_map(self.w, self.V, lambda w: np.maximum(w - b * self.margin, low))
+        return self.lowered if b >= 1.0 else self.lowered_by(b)
 
 
 def lowering(pub: PublicInputs, noise: ClassNoise, n: np.ndarray) -> np.ndarray:

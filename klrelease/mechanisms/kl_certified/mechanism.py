@@ -632,6 +632,10 @@ def _early_rows(frame: Frame, clip, labelled, n_classes: int, stage_a=None):
     return _grouped_rows(X, codes, n_classes, frame, clip, stage_a)
 
 
+_STREAMED_BOUND = ("bounds_from_data=True needs the data in memory; give a public bound "
+                   "(bounds= or norm_bound=) for streamed data")
+
+
 def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_bound,
                   budget_of, pooled=None, one_pass_sample=None):
     """Passes over a chunked source for everything the plan needs before noise is drawn.
@@ -686,8 +690,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
                     total_sums=total, where=where, window=window, public_rows=public_rows,
                     counts_sampled=first is not None)
     if bounds_from_data:
-        raise ValueError("bounds_from_data=True needs the data in memory; give a public "
-                         "bound (bounds= or norm_bound=) for streamed data")
+        raise ValueError(_STREAMED_BOUND)
     domain = _public_bound(source.domain, norm_bound, False, d)
     frame, clip = bound_frame(domain)
     counts, labelled = (source.counts_and_sample(S) if first is None else first[2:])
@@ -721,8 +724,7 @@ def check_one_pass(data, relation: Adjacency, options: dict) -> list[int]:
         raise ValueError("one_pass needs the classes declared (classes=...): reading them "
                          "from the labels is a pass of its own")
     if relation == Adjacency.REPLACE_ONE and options.get("bounds_from_data"):
-        raise ValueError("bounds_from_data=True needs the data in memory; give a public "
-                         "bound (bounds= or norm_bound=) for streamed data")
+        raise ValueError(_STREAMED_BOUND)
     return sizes
 
 
