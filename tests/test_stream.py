@@ -233,6 +233,40 @@ def test_streamed_release_equals_in_memory(adjacency, extra, sample, stage, monk
     assert b.options["data"] == "streamed in chunks"
 
 
+def test_label_flip_frame_from_the_early_stages_sample(monkeypatch):
+    """Label flip with more rows than the early stages' sample: the frame (and the public
+    total scatter) are the sample's, in memory and streamed alike; a row outside the sample
+    does not move them, one inside does."""
+    from klrelease.stream.sample import sample_indices
+
+    monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", 1000)
+    X, y = _data(n=4000, d=3, offset=20.0)
+    kw = dict(epsilon=1.0, delta=1e-6, classes=CLASSES, design="gaussian")
+    inside = sample_indices(X.shape[0], 1000)
+    outside = np.setdiff1d(np.arange(X.shape[0]), inside)
+
+    def public(X):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mem = klrelease.plan(X, y, **kw).public
+            streamed = klrelease.plan(ArraySource(X, y, chunk_rows=517), None, **kw).public
+        for a, b in ((mem.frame.W, streamed.frame.W), (mem.frame.centre, streamed.frame.centre),
+                     (mem.total_scatter, streamed.total_scatter)):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+        return mem
+
+    base = public(X)
+    Xs = X[inside]
+    mean = Xs.mean(axis=0)
+    np.testing.assert_allclose(base.frame.centre, mean, rtol=1e-12)
+    for rows, moves in ((outside[:5], False), (inside[:5], True)):
+        X2 = X.copy()
+        X2[rows] += 50.0
+        got = public(X2)
+        assert np.array_equal(got.frame.W, base.frame.W) != moves
+        assert np.array_equal(got.frame.centre, base.frame.centre) != moves
+
+
 def test_memmap_source(tmp_path):
     X, y = _data(n=2000)
     np.save(tmp_path / "X.npy", X)
