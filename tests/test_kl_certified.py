@@ -670,6 +670,31 @@ def test_a_draw_decomposes_a_bounded_number_of_d_by_d_matrices(n, eps, options, 
     assert count[0] <= 7 * K * rounds
 
 
+def test_class_responsibilities_match_their_definition():
+    """Each public row's posterior with every class's own covariance (one product for all
+    classes, in blocks of rows) equals the normalised Gaussian densities computed directly."""
+    from scipy.stats import multivariate_normal
+
+    X, y = _classes3(3000, d=5)
+    p = kr.plan(X, y, epsilon=2.0, delta=1e-6, classes=[0, 1, 2], design="gaussian")
+    pub = p.public
+    T = design.public_sample(pub)
+    rng = np.random.default_rng(4)
+    n = np.array([900.0, 1200.0, 900.0])
+    means = rng.normal(size=(3, 5))
+    covs = np.stack([np.eye(5) + 0.3 * (B := rng.normal(size=(5, 5))) @ B.T for _ in range(3)])
+    got = design.class_responsibilities(pub, n, means, covs, None)
+    logp = np.stack([np.log(n[k] / n.sum()) + multivariate_normal(means[k], covs[k]).logpdf(T)
+                     for k in range(3)], axis=1)
+    ref = np.exp(logp - logp.max(axis=1, keepdims=True))
+    ref /= ref.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+    # a covariance without a Cholesky factor: the fallback
+    bad = covs.copy()
+    bad[1] = -np.eye(5)
+    assert design.class_responsibilities(pub, n, means, bad, "fallback") == "fallback"
+
+
 def test_tail_corrections_and_public_shapes_match_their_definitions():
     """The clipped rows' corrections (only rows of non-zero posterior, only clipped rows, one
     Gram of ``(1 - ||v||^2/||u||^2) u u^T``) and the public class shapes (a Gram of the

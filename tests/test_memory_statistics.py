@@ -135,6 +135,10 @@ def test_histograms_and_clips_equal_numpy():
     T[0, 1] = np.nan
     lo, hi = np.full(D, -1.0), np.array([1.0, 2.0, 0.5, 1.0])
     np.testing.assert_array_equal(clip_to_bounds(T, lo, hi), np.clip(T, lo, hi))
+    # fewer rows than a tile of 64, exactly one, a strided view, scalar bounds
+    for V in (T[:5], T[:64], T[::3], T[1:]):
+        np.testing.assert_array_equal(clip_to_bounds(V, lo, hi), np.clip(V, lo, hi))
+    np.testing.assert_array_equal(clip_to_bounds(T, -0.5, 0.5), np.clip(T, -0.5, 0.5))
     U = T.copy()
     assert clip_to_bounds(U, lo, hi, out=U) is U
     np.testing.assert_array_equal(U, np.clip(T, lo, hi))

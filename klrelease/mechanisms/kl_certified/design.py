@@ -641,6 +641,9 @@ def _public_count(pub: PublicInputs) -> int:
     return (pub.public_rows if index is None else index).shape[0]
 
 
+#: Values per block of a product that is reduced while it is in cache (512 KiB of doubles).
+CACHE_VALUES = 1 << 16
+
 #: Public rows whose posterior for a class is at most this add nothing to its shape or tail
 #: correction (their share of either is below this fraction of one row's: far rows of other
 #: classes, which would otherwise cost as much arithmetic as the class's own).
@@ -681,23 +684,30 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
         return None
     T = pub.public_rows  # every stored row: row by row the same values
     lw = np.log(np.maximum(n / n.sum(), 1e-300))
-    L = np.empty((T.shape[0], len(n)))
-    d = T.shape[1]
-    step = row_block(d)
+    K, d = len(n), T.shape[1]
+    # z_k = ch_k^-1 (t - m_k) for every row and class: per block of rows one product with the
+    # factors' inverses side by side, (t - c) [A_1 ... A_K] - [(m_k - c) A_k] with c the
+    # rows' mean (a matrix product, several times faster than triangular solves with many
+    # right-hand sides; one product for all classes, not one per class)
+    A = np.empty((d, K * d))
     try:
-        for k in range(len(n)):
+        for k in range(K):
             ch = np.linalg.cholesky(0.5 * (covs[k] + covs[k].T))
-            # z = ch^-1 (t - m_k) for every row: one product with the factor's inverse per
-            # block of rows (a matrix product, several times faster than a triangular solve
-            # with many right-hand sides)
-            inv_t = solve_triangular(ch, np.eye(d), lower=True, check_finite=False).T
-            L[:, k] = lw[k] - np.log(np.diag(ch)).sum()
-            for a in range(0, T.shape[0], step):
-                z = affine_rows(T[a:a + step], means[k], inv_t)
-                L[a:a + step, k] -= 0.5 * np.einsum("ij,ij->i", z, z)
-                del z
+            A[:, k * d:(k + 1) * d] = solve_triangular(ch, np.eye(d), lower=True,
+                                                       check_finite=False).T
+            lw[k] -= np.log(np.diag(ch)).sum()
     except np.linalg.LinAlgError:
         return fallback
+    c = means.mean(axis=0)
+    off = np.einsum("ki,kij->kj", means - c, A.reshape(d, K, d).transpose(1, 0, 2)).ravel()
+    L = np.empty((T.shape[0], K))
+    step = max(1, min(row_block(K * d), CACHE_VALUES // (K * d)))  # Z stays in cache
+    for a in range(0, T.shape[0], step):
+        Z = affine_rows(T[a:a + step], c, A)
+        Z -= off
+        Z = Z.reshape(-1, K, d)
+        np.subtract(lw, 0.5 * np.einsum("ikj,ikj->ik", Z, Z), out=L[a:a + step])
+        del Z
     if getattr(pub, "public_index", None) is not None:
         L = L[pub.public_index]
     if not np.all(np.isfinite(L)):
@@ -734,16 +744,20 @@ def public_shapes(pub: PublicInputs, resp: np.ndarray | None, means: np.ndarray,
         return None
     K, d = pub.n_classes, pub.n_features
     out = np.empty((K, d, d))
+    w = resp.sum(axis=0)  # every class's total weight, summed once
     for k in range(K):
-        public_shape(pub, resp, means, pooled, k, out=out[k])
+        public_shape(pub, resp, means, pooled, k, out=out[k], weight=w[k])
     return out
 
 
 def public_shape(pub: PublicInputs, resp: np.ndarray, means: np.ndarray, pooled: np.ndarray,
-                 k: int, out: np.ndarray | None = None) -> np.ndarray:
-    """Class ``k`` of :func:`public_shapes` (into ``out``)."""
+                 k: int, out: np.ndarray | None = None, weight: float | None = None
+                 ) -> np.ndarray:
+    """Class ``k`` of :func:`public_shapes` (into ``out``); ``weight``: the class's total
+    weight ``resp.sum(axis=0)[k]``, if the caller has it."""
     d = pub.n_features
-    w = resp.sum(axis=0)[k]  # (the column sums as public_shapes takes them: the same rounding)
+    # (the column sums as public_shapes takes them: the same rounding)
+    w = resp.sum(axis=0)[k] if weight is None else weight
     step = row_block(d)
     on = np.flatnonzero(resp[:, k] > NEGLIGIBLE_POSTERIOR)
     S = np.zeros((d, d))
