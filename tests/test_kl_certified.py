@@ -502,12 +502,14 @@ def test_clipping_radii_outgrow_heavy_tails():
     assert kl[1] < 0.5 * kl[0] and kl[1] < 0.12, kl
 
 
-def test_one_round_regions_cover_precise_classes():
+def test_one_round_regions_cover_precise_classes(monkeypatch):
     """Replace-one, one stage-C round: a class whose second moments are precise gets a region
     shaped like the pooled covariance as estimated (covering), not lowered by stage B's noise
     margin, which made the region far narrower than the class along the directions that
     noise hides and clipped most of its rows. Noisy classes keep the lowered shape; label
-    flip keeps it throughout."""
+    flip keeps it throughout. (One round is kept here by counting the small class, whose
+    second moments are not released, in the rounds' test.)"""
+    monkeypatch.setitem(design.SETTINGS, "round_unreleased", 0.0)
     rng = np.random.default_rng(5)
     d = 4
     Xs, ys = [], []
@@ -615,6 +617,29 @@ def _classes3(n, d=12, seed=0):
     y = rng.integers(0, 3, n)
     X = rng.normal(size=(n, d)) * (1.0 + 0.3 * y[:, None]) + 3.0 * y[:, None]
     return X, y
+
+
+@pytest.mark.parametrize("options", [{"design": "gaussian"},
+                                     {"adjacency": "replace-one", "norm_bound": 80.0}])
+def test_a_tiny_class_does_not_keep_the_others_in_one_round(options):
+    """A class of two rows never has its second moments released; it must not keep the large
+    classes in one round (regions shaped by the pooled covariance) at a budget where they
+    would take two. The decision reads released counts and public values only."""
+    X, y = _classes3(30000, d=4)
+    X = np.vstack([X, [[0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 1.0, 0.0]]])
+    y = np.concatenate([y, [3, 3]])
+    p = kr.plan(X, y, epsilon=20.0, delta=1e-6, classes=[0, 1, 2, 3], **options)
+    out = p.sample(np.random.default_rng(2))
+    pub = p.working(out)
+    first = design.stage_c_design(pub, out)
+    assert not np.isfinite(first["noise"].cov_sd[3]) and np.all(
+        np.isfinite(first["noise"].cov_sd[:3]))
+    assert len(first["shares"]) == 2
+    # counting the tiny class as before: one round
+    n = design.centres(pub, out["counts"], out["sums"])[0]
+    strict = replace(pub, settings={**pub.settings, "round_unreleased": 0.0})
+    assert len(design.round_shares(strict, n)) == 1
+    assert np.all(np.isfinite(p.finalize(out).covariances))
 
 
 #: (rows, epsilon, options): one and two stage-C rounds under both relations

@@ -94,6 +94,8 @@ SETTINGS = {
     #                        most their noise scale
     "round_share": 0.35,  # stage C in two rounds: the first round's share of s_C^2
     "rounds_threshold": 0.3,  # ... when the first alone gives covariances this precise
+    "round_unreleased": 0.05,  # ... counting only the classes whose second moments it would
+    #                            release, if the others hold at most this share of the rows
     "round_cover": 0.1,  # second-round regions at least this x the pooled covariance
     "cover_floor": 0.1,  # first of two rounds: region eigenvalues >= this x their noise scale
     # one round: a class's region is the pooled shape lowered by its noise margin while the
@@ -701,7 +703,9 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     c = means.mean(axis=0)
     off = np.einsum("ki,kij->kj", means - c, A.reshape(d, K, d).transpose(1, 0, 2)).ravel()
     L = np.empty((T.shape[0], K))
-    step = max(1, min(row_block(K * d), CACHE_VALUES // (K * d)))  # Z stays in cache
+    # few classes and features: blocks whose product stays in cache; else blocks as large as
+    # row_block allows (a product of few rows would read the factors again for each block)
+    step = row_block(K * d) if K * d > 512 else min(row_block(K * d), CACHE_VALUES // (K * d))
     for a in range(0, T.shape[0], step):
         Z = affine_rows(T[a:a + step], c, A)
         Z -= off
@@ -998,14 +1002,23 @@ def round_shares(pub: PublicInputs, n: np.ndarray) -> tuple[float, ...]:
     estimate every class covariance to within ``rounds_threshold`` relative noise per
     dimension: then a second round re-centres and re-shapes every region on the first round's
     estimate (the class's own covariance instead of the pooled one) and spends the rest.
-    Decided from public values and released counts only.
+    Classes whose second moments that round would not release at all (a class of a few rows)
+    are left out of the test while they hold at most ``round_unreleased`` of the released
+    counts: else one tiny class would keep every other class in one round at any budget and
+    any N (a region shaped by the pooled covariance, however thin the class). Decided from
+    public values and released counts only.
     """
     total = pub.budget.classes**2
     s = pub.settings
     first = s["round_share"] * total
     trial = class_noise(pub, n, first, s["prior_divergence"] * pub.n_features)
     rel = covariance_energy(trial, n, pub.n_features) / pub.n_features
-    if np.all(np.isfinite(rel)) and float(np.max(rel)) <= s["rounds_threshold"]:
+    released = np.isfinite(trial.cov_sd)
+    m = np.maximum(np.asarray(n, dtype=float), 0.0)
+    rest = float(m[~released].sum()) <= s["round_unreleased"] * max(float(m.sum()), 1e-300)
+    rel = rel[released]
+    if rel.size and rest and np.all(np.isfinite(rel)) and float(np.max(rel)) <= \
+            s["rounds_threshold"]:
         return first, total - first
     return (total,)
 
