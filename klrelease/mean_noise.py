@@ -114,12 +114,14 @@ def unit_mean_noise(
         gram = sdp_passes.affine_gram(rows, counts, stats.means, scatters)
         data = X if streamed else sdp_passes.MemoryRows(X, codes)
         origin = stats.weights @ stats.means
+        frames = sdp_passes.ClassFrames.whitening(counts, stats.means, stats.covariances)
         order = dispatch.backend_order(solver)
 
         def attempt(name):
             try:
                 return sdp_passes.solve_affine(sigma_inv, rows, gram, data, solver=name,
-                                               origin=origin, transform=transform)
+                                               origin=origin, transform=transform,
+                                               frames=frames)
             except np.linalg.LinAlgError:  # from a backend's output: untrusted, try the next
                 raise solvers.SolverFailed(name, "linear-algebra error",
                                            "a linear-algebra error on its result") from None
