@@ -74,6 +74,9 @@ GRAM_RANK_TOL = 8 * np.finfo(float).eps
 #: four: the pools hold most of the final working set, and smaller working sets solve faster;
 #: measured at N = 1e6, d = 10, K = 10: 0.19 s of solves against 0.24 s with four).
 ADD_ROWS_PER_DIM = 2
+#: Backend tolerance of the in-memory active-set rounds before their working set settles
+#: (the last solve is at the requested tolerance; see :func:`.reduction.solve_reduced`).
+COARSE_TOL = 1e-3
 #: Relative margin on the bound that certifies the rows left out of a pool (covers the
 #: rounding of their scores).
 BOUND_MARGIN = 1e-9
@@ -509,8 +512,9 @@ class _Problem:
     def solve(self, x: np.ndarray, c: np.ndarray, *, tol: float, add_tol: float,
               deadline: float | None, max_iters: int | None) -> None:
         """The in-memory active set on the working rows and the pool ``(x, c)``."""
-        initial = None
+        initial = initial_w = None
         if self.x is not None:  # the working rows stay (and start the loop); the pool joins
+            initial_w = self.sol.w
             keep_x, keep_c = self.x[self.working], self.c[self.working]
             new = ~_known(x, c, keep_x, keep_c)
             x, c = np.concatenate([keep_x, x[new]]), np.concatenate([keep_c, c[new]])
@@ -520,6 +524,7 @@ class _Problem:
         keep = sq > 0
         x, c, U, sq = x[keep], c[keep], U[keep], sq[keep]
         if initial is not None:  # positions of the kept working rows after the filter
+            initial_w = initial_w[keep[:initial.shape[0]]]
             initial = np.flatnonzero(keep[:initial.shape[0]])
         if self.scale is None:  # fixed once: the largest norm in the first pool
             self.scale = float(np.sqrt(sq.max()))
@@ -529,8 +534,8 @@ class _Problem:
         self.frame = whitened_frame(self.canon) if self.native else balanced_frame(self.canon)
         sol, working, _, rounds = solve_reduced(
             self.frame, self.backend, reduce="active-set", tol=tol, add_tol=add_tol,
-            deadline=deadline, max_iters=max_iters, initial=initial,
-            add_rows=max(ADD_ROWS_PER_DIM * U.shape[1], 8))
+            deadline=deadline, max_iters=max_iters, initial=initial, initial_w=initial_w,
+            add_rows=max(ADD_ROWS_PER_DIM * U.shape[1], 8), coarse_tol=COARSE_TOL)
         self.sol, self.working, self.x, self.c = sol, working, x, c
         self.rounds += rounds
         self.G = self.canon.to_G(self.frame.to_canonical(sol.H))
