@@ -85,6 +85,8 @@ BOUND_MARGIN = 1e-9
 EXTREME_ROWS = 1 << 19
 #: The largest share of a class kept as its extreme rows.
 EXTREME_FRACTION = 1.0 / 16.0
+#: Extreme rows kept per class at least, per dimension (so that they span the space).
+MIN_EXTREMES_PER_DIM = 4
 #: Rows in memory: the floor of the extreme rows is estimated on every this-many-th row.
 SAMPLE_STEP = 64
 #: Datasets of more rows than this are first solved on their extreme rows.
@@ -253,12 +255,13 @@ def _radii2(U: np.ndarray, centre: np.ndarray, frame: np.ndarray) -> np.ndarray:
 
 
 def _largest(r2: list[np.ndarray], U: list[np.ndarray], keep: int, left: float):
-    """The rows of the parts ``(r2, U)`` above the ``keep``-th largest value ``t`` of ``r2``
-    (all of them when there are at most ``keep``): ``(r2, U, left)``, with ``left`` raised to
-    ``t`` when rows are left out."""
+    """The rows of the parts ``(r2, U)`` above the ``(keep + 1)``-th largest value ``t`` of
+    ``r2`` (at most ``keep`` rows, fewer when values tie at ``t``; all of them when there are
+    at most ``keep``): ``(r2, U, left)``, with ``left`` raised to ``t`` when rows are left
+    out."""
     n = sum(r.shape[0] for r in r2)
     if n > keep:
-        t = float(np.partition(np.concatenate(r2), n - keep)[n - keep])
+        t = float(np.partition(np.concatenate(r2), n - keep - 1)[n - keep - 1])
         left = max(left, t)
         idx = [np.flatnonzero(r > t) for r in r2]
         r2 = [r[i] for r, i in zip(r2, idx, strict=True)]
@@ -304,11 +307,13 @@ def _merge_radii(a, b):
 def extreme_rows(data, frames: ClassFrames, *, rows: int = EXTREME_ROWS,
                  transform: Callable | None = None) -> _Extremes:
     """One pass over ``data``: per class, the rows of largest radius (at most
-    ``min(rows / N, EXTREME_FRACTION)`` of the class, at least one row) and a ball (in the
+    ``min(rows / N, EXTREME_FRACTION)`` of the class, or ``MIN_EXTREMES_PER_DIM d`` rows when
+    that is more) and a ball (in the
     class's frame) holding every row left out."""
     counts = frames.counts
+    d = frames.centres.shape[1]
     share = min(EXTREME_FRACTION, rows / max(float(counts.sum()), 1.0))
-    keep = np.maximum(np.ceil(counts * share), 1).astype(np.int64)
+    keep = np.maximum(np.ceil(counts * share), MIN_EXTREMES_PER_DIM * d).astype(np.int64)
     floor = None
     if isinstance(data, MemoryRows) and transform is None:
         # rows in memory: a floor from every SAMPLE_STEP-th row, below which a little more
@@ -322,7 +327,6 @@ def extreme_rows(data, frames: ClassFrames, *, rows: int = EXTREME_ROWS,
             if n >= 64 and m < n:
                 floor[k] = float(np.partition(r2, n - m)[n - m])
     kept = data.scan(_Radii(frames, keep, transform, floor), _merge_radii, None)
-    d = frames.centres.shape[1]
     if kept is None:
         parts = [(np.empty(0), np.empty((0, d)), -np.inf)] * keep.shape[0]
     else:
@@ -337,8 +341,8 @@ def _ball_bound(a: np.ndarray, M: np.ndarray, r2: float) -> float:
     root finding: for every ``mu`` above the largest eigenvalue of ``B = M M^T`` (weak duality
     of the trust-region problem, exact at the best ``mu`` by the S-lemma),
 
-    .. math:: \max_{\|e\|^2 \le r^2} \|a + e M\|^2 \le
-              \|a\|^2 + \mu r^2 + (M a)^\top (\mu I - B)^{-1} (M a).
+    .. math:: \\max_{\\|e\\|^2 \\le r^2} \\|a + e M\\|^2 \\le
+              \\|a\\|^2 + \\mu r^2 + (M a)^\\top (\\mu I - B)^{-1} (M a).
     """
     aa = float(a @ a)
     if not r2 > 0:
@@ -637,8 +641,8 @@ def _passes(probs: list[_Problem], scales2: np.ndarray, data, transform: Callabl
 def solve_affine(A: np.ndarray, rows: AffineRows, gram: np.ndarray, data, *,
                  solver: str = "native", tol: float = 1e-7, origin: np.ndarray | None = None,
                  transform: Callable | None = None, pool: int = POOL_ROWS,
-                 frames: ClassFrames | None = None, extremes: int = EXTREME_ROWS,
-                 extremes_from: int = EXTREMES_FROM, time_limit: float | None = None,
+                 frames: ClassFrames | None = None, extremes: int | None = None,
+                 extremes_from: int | None = None, time_limit: float | None = None,
                  max_iters: int | None = None) -> list[SDPResult]:
     """Solve ``min tr(A_j G) s.t. v^T G^{-1} v <= 1`` for every row of every problem ``j``.
 
@@ -664,8 +668,9 @@ def solve_affine(A: np.ndarray, rows: AffineRows, gram: np.ndarray, data, *,
     pool : int
         Rows kept per problem and pass (the pool solved in memory).
     frames : ClassFrames, optional
-        Centres and frames of the classes of ``data``. With more than ``extremes_from`` rows,
-        one pass first keeps the ``extremes`` rows of largest radius (:func:`extreme_rows`);
+        Centres and frames of the classes of ``data``. With more than ``extremes_from`` rows
+        (default :data:`EXTREMES_FROM`), one pass first keeps the ``extremes`` rows of
+        largest radius (default :data:`EXTREME_ROWS`; :func:`extreme_rows`);
         every problem is solved in passes over those, in memory, and is done when the balls
         holding the rows left out score no higher than the largest score of a row kept
         (:meth:`_Problem.ball_bound`); only the problems not proven so pass over ``data``.
@@ -698,12 +703,24 @@ def solve_affine(A: np.ndarray, rows: AffineRows, gram: np.ndarray, data, *,
     best = {}
     args = dict(origin=origin, pool=pool, solve_tol=solve_tol, add_tol=add_tol,
                 deadline=deadline, max_iters=max_iters, solver=solver)
+    if extremes_from is None:
+        extremes_from = EXTREMES_FROM
     if frames is not None and float(frames.counts.sum()) > extremes_from:
         # the extreme rows of every class first: every problem solved and certified on them,
         # then the rows left out bounded by their classes' balls
-        ext = extreme_rows(data, frames, rows=extremes, transform=transform)
-        best = _passes(probs, scales2, MemoryRows(ext.X, ext.codes), None, **args)
-        for p in probs:
+        ext = extreme_rows(data, frames, rows=EXTREME_ROWS if extremes is None else extremes,
+                           transform=transform)
+        try:
+            if ext.X.shape[0]:
+                best = _passes(probs, scales2, MemoryRows(ext.X, ext.codes), None, **args)
+        except (np.linalg.LinAlgError, SolverFailed) as exc:
+            # e.g. the rows kept do not span the space: every row is read instead
+            if isinstance(exc, SolverFailed) and exc.status == "time limit":
+                raise
+            best = {}
+            probs = [_Problem(j, A[j], gram[j], rows.centres[j], rows.scales[j], solver)
+                     for j in range(J)]
+        for p in [p for p in probs if p.done]:
             if not p.ball_bound(frames, ext.radii2) * (1.0 + BOUND_MARGIN) <= best[p.j] + 1.0:
                 p.done = False  # not proven for every row: scored in passes over them all
                 del best[p.j]
