@@ -74,9 +74,6 @@ GRAM_RANK_TOL = 8 * np.finfo(float).eps
 #: four: the pools hold most of the final working set, and smaller working sets solve faster;
 #: measured at N = 1e6, d = 10, K = 10: 0.19 s of solves against 0.24 s with four).
 ADD_ROWS_PER_DIM = 2
-#: Backend tolerance of the in-memory active-set rounds before their working set settles
-#: (the last solve is at the requested tolerance; see :func:`.reduction.solve_reduced`).
-COARSE_TOL = 1e-3
 #: Relative margin on the bound that certifies the rows left out of a pool (covers the
 #: rounding of their scores).
 BOUND_MARGIN = 1e-9
@@ -539,7 +536,7 @@ class _Problem:
         sol, working, _, rounds = solve_reduced(
             self.frame, self.backend, reduce="active-set", tol=tol, add_tol=add_tol,
             deadline=deadline, max_iters=max_iters, initial=initial, initial_w=initial_w,
-            add_rows=max(ADD_ROWS_PER_DIM * U.shape[1], 8), coarse_tol=COARSE_TOL)
+            add_rows=max(ADD_ROWS_PER_DIM * U.shape[1], 8))
         self.sol, self.working, self.x, self.c = sol, working, x, c
         self.rounds += rounds
         self.G = self.canon.to_G(self.frame.to_canonical(sol.H))

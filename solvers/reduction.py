@@ -138,7 +138,6 @@ def solve_reduced(
     initial: np.ndarray | None = None,
     add_rows: int | None = None,
     initial_w: np.ndarray | None = None,
-    coarse_tol: float | None = None,
 ):
     """Solve the canonical problem with the requested reduction.
 
@@ -163,11 +162,6 @@ def solve_reduced(
     initial_w : ndarray, optional
         Multipliers of the rows ``initial`` (e.g. from the earlier solve) warm-starting the
         first backend solve when ``initial`` is the starting working set.
-    coarse_tol : float, optional
-        Active set only: the backend tolerance of the rounds before the working set settles
-        (when above ``tol``). The rows they admit only grow the working set; once no row is
-        violated, the working set is solved again at ``tol`` and checked again, so the
-        result is what a loop at ``tol`` certifies.
 
     Returns
     -------
@@ -226,7 +220,6 @@ def solve_reduced(
     w_prev = None
     if initial_w is not None and initial is not None and np.array_equal(working, initial):
         w_prev = np.asarray(initial_w, dtype=float)
-    coarse = mode == "active-set" and coarse_tol is not None and coarse_tol > tol
     k_add = max(4 * r, 8) if add_rows is None else max(int(add_rows), 1)
     ref_H = ref_scores = None  # scores of every row for the matrix ref_H (screening)
     while True:
@@ -240,8 +233,7 @@ def solve_reduced(
         if w_prev is not None and w_prev.shape[0] <= working.shape[0]:
             w0 = np.concatenate([w_prev, np.full(working.shape[0] - w_prev.shape[0], 0.0)])
         sol = backend.solve(
-            U[working], frame.c, tol=coarse_tol if coarse else tol, max_iters=max_iters,
-            time_limit=remaining, w0=w0
+            U[working], frame.c, tol=tol, max_iters=max_iters, time_limit=remaining, w0=w0
         )
         if mode == "none":
             break
@@ -256,10 +248,6 @@ def solve_reduced(
         outside = (cand_scores > 1.0 + add_tol) & ~in_working[cand]
         out_idx = cand[outside]
         if out_idx.shape[0] == 0:
-            if coarse:  # settled at the coarse tolerance: once more at tol, warm-started
-                coarse = False
-                w_prev = sol.w
-                continue
             break
         if rounds >= MAX_ROUNDS:
             raise SolverFailed(
