@@ -186,3 +186,20 @@ def test_kl_paper_release_with_extreme_rows_is_the_release_without(monkeypatch):
     for name in ("weights", "means", "covariances"):
         a, b = getattr(before.gmm, name), getattr(after.gmm, name)
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-6 * np.abs(a).max())
+
+
+@pytest.mark.parametrize("extra", [{}, {"adjacency": "remove-one", "norm_bound": 12.0}])
+def test_kl_paper_streams_on_extreme_rows_to_the_in_memory_release(extra):
+    X, y = _data(80_000, d=4, K=3, seed=8)  # above EXTREMES_FROM: the extreme rows first
+    kw = dict(epsilon=1.0, delta=1e-6, mechanism="kl-paper", seed=3, classes=[0, 1, 2],
+              **extra)
+    source = ArraySource(X, y, classes=[0, 1, 2], chunk_rows=9000)
+    reads = _counted(source)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # seeded
+        mem = klrelease.release(X, y, **kw)
+        streamed = klrelease.release(source, None, **kw)
+    assert len(reads) == 2  # the statistics, the extreme rows (rows clipped in both)
+    for name in ("weights", "means", "covariances"):
+        a, b = getattr(mem.gmm, name), getattr(streamed.gmm, name)
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-6 * np.abs(a).max())
