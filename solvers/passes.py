@@ -320,8 +320,7 @@ def extreme_rows(data, frames: ClassFrames, *, rows: int = EXTREME_ROWS,
                  transform: Callable | None = None) -> _Extremes:
     """One pass over ``data``: per class, the rows of largest radius (at most
     ``min(rows / N, EXTREME_FRACTION)`` of the class, or ``MIN_EXTREMES_PER_DIM d`` rows when
-    that is more) and a ball (in the
-    class's frame) holding every row left out."""
+    that is more) and a ball in the class's frame holding every row left out."""
     counts = frames.counts
     d = frames.centres.shape[1]
     share = min(EXTREME_FRACTION, rows / max(float(counts.sum()), 1.0))
