@@ -1,29 +1,33 @@
-"""kl-paper at N = 1e6 (d = 10, K = 10): its release against one read-and-accumulate pass.
+"""kl-paper (d = 10, K = 10, label flip): its release against one read-and-accumulate pass.
 
-Measured in one run, in one process, on the same data (a 10-class mixture, seeded releases:
-a benchmark, not a certified release):
+For every N, one process per checkout of the library measures, on the same data (a 10-class
+mixture, the files of ``bench_stream.py``; seeded releases: a benchmark, not a certified
+release):
 
 * ``floor``: one pass accumulating the per-class counts, means and centred scatters
   (:meth:`klrelease.stream.Source.moments`): in memory (``ArraySource``, chunks of 2^18 rows)
   and from Parquet files (``ParquetSource``, read in record batches);
-* ``before``: the kl-paper release with the mean-noise SDP solved class by class on the
-  neighbour vectors formed in memory (``unit_mean_noise(..., passes=False)``, the solver
-  before passes); from Parquet, the files are first read into arrays (kl-paper could not
-  read a source before);
-* ``after``: the kl-paper release with the constraints of all classes scored in passes over
-  row blocks (in memory, 2 threads) or over the Parquet batches (``release(source,
-  mechanism="kl-paper")``).
+* the kl-paper release from the arrays in memory (``release(X, y)``) and from the Parquet
+  files (``release(ParquetSource(...))``), with the number of passes it read the files.
 
-    nice -n 10 python benchmarks/bench_paper_stream.py --n 1e6 1e7
+``--before TREE`` runs the same measurements with another checkout of the library (its path
+put first on ``PYTHONPATH``, e.g. the main branch) in a process of its own just before this
+tree's, and reports both side by side with the largest relative difference between the
+parameters the two released (same seed: the same noise).
 
-Prints a markdown table and writes it to ``benchmarks/paper_stream.md``.
+    nice -n 10 python benchmarks/bench_paper_stream.py --n 1e6 1e7 --before /path/to/main
+
+Prints a markdown table and writes it to ``benchmarks/paper_stream.md`` (the text below the
+table is kept).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import json
 import os
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -33,6 +37,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 D, K = 10, 10
 KW = dict(epsilon=1.0, delta=1e-6, mechanism="kl-paper", seed=0, classes=list(range(K)))
+MARK = "<!-- table above: generated; text below: kept -->"
 
 
 def generate(n: int, cache: Path) -> Path:
@@ -59,73 +64,111 @@ def _read_all(src):
     return np.concatenate(X), np.concatenate(y)
 
 
-def _run(n: float, cache: Path) -> list[str]:
+def child(folder: str) -> dict:
+    """One process: floors and releases, in memory and from Parquet (JSON on stdout)."""
     import klrelease
-    from klrelease.mechanisms.kl_paper import alternating
     from klrelease.stream import ArraySource, ParquetSource
 
     warnings.simplefilter("ignore")  # seeded releases: a benchmark
-    folder = generate(int(n), cache)
     pq_src = ParquetSource(folder, "label", classes=list(range(K)))
     X, y = _read_all(pq_src)
     mem_src = ArraySource(X, y, classes=list(range(K)))
-    rows = []
-    passes_solver = alternating.unit_mean_noise
-    before_solver = functools.partial(passes_solver, passes=False)
-    alternating.unit_mean_noise = before_solver  # imports and caches: not timed
-    klrelease.release(X[:50_000], y[:50_000], **KW)
-    alternating.unit_mean_noise = passes_solver
+    klrelease.release(X[:50_000], y[:50_000], **KW)  # imports and caches: not timed
     klrelease.release(ArraySource(X[:50_000], y[:50_000]), None, **KW)
+    passes = [0]
+    reduce = type(pq_src).reduce
+
+    def counted(self, *args, **kwargs):
+        passes[0] += 1
+        return reduce(self, *args, **kwargs)
+
+    out = {}
     for path in ("memory", "parquet"):
         src = mem_src if path == "memory" else pq_src
-        data = (X, y) if path == "memory" else (pq_src, None)
         floor = _timed(src.moments)[0]
-        alternating.unit_mean_noise = before_solver
+        type(pq_src).reduce = counted
+        passes[0] = 0
         try:
             if path == "memory":
-                before, a = _timed(lambda: klrelease.release(X, y, **KW))
+                t, rel = _timed(lambda: klrelease.release(X, y, **KW))
             else:
-                before, a = _timed(lambda: klrelease.release(*_read_all(pq_src), **KW))
+                t, rel = _timed(lambda: klrelease.release(pq_src, None, **KW))
         finally:
-            alternating.unit_mean_noise = passes_solver
-        after, b = _timed(functools.partial(klrelease.release, *data, **KW))
-        diff = max(float(np.max(np.abs(getattr(a.gmm, k) - getattr(b.gmm, k))
-                            / np.max(np.abs(getattr(a.gmm, k)))))
-                   for k in ("weights", "means", "covariances"))
-        rows.append(f"| {n:.0e} | {path} | {floor:.2f} | {before:.2f} | {after:.2f} | "
-                    f"{before / floor:.1f} | {after / floor:.1f} | {diff:.1e} |")
-        print(rows[-1], flush=True)
-    return rows
+            type(pq_src).reduce = reduce
+        g = rel.gmm
+        out[path] = {"floor": floor, "release": t, "passes": passes[0],
+                     "gmm": [np.asarray(getattr(g, k)).tolist()
+                             for k in ("weights", "means", "covariances")]}
+    return out
+
+
+def run(tree: str, folder: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": tree + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, __file__, "--child", str(folder)],
+                         capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def rel_diff(a, b) -> float:
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))
+                     / max(float(np.max(np.abs(np.asarray(y)))), 1e-300))
+               for x, y in zip(a, b, strict=True))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=float, nargs="+", default=[1e6])
     ap.add_argument("--cache", type=Path, default=Path("/tmp/klrelease-bench-stream"))
+    ap.add_argument("--before", help="another checkout of the library, run on the same data")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    rows = []
+    if args.child:
+        print(json.dumps(child(args.child)))
+        return
     load = os.getloadavg()[0]
+    trees = ([("before", args.before)] if args.before else []) + [("after", str(HERE.parent))]
+    rows = []
     for n in args.n:
-        rows += _run(n, args.cache)
+        folder = generate(int(n), args.cache)
+        got = {label: run(tree, folder) for label, tree in trees}
+        for path in ("memory", "parquet"):
+            cells = []
+            for label, _ in trees:
+                r = got[label][path]
+                cells.append(f"{r['floor']:.2f} | {r['release']:.2f} | "
+                             f"{r['release'] / r['floor']:.1f}"
+                             + (f" | {r['passes']}" if path == "parquet" else " | "))
+            diff = (f"{rel_diff(got['after'][path]['gmm'], got['before'][path]['gmm']):.1e}"
+                    if args.before else "")
+            rows.append(f"| {n:.0e} | {path} | " + " | ".join(cells) + f" | {diff} |")
+            print(rows[-1], flush=True)
+    head = " | ".join(f"{label}: floor (s) | {label}: kl-paper (s) | {label}: x | "
+                      f"{label}: passes" for label, _ in trees)
+    argv = " ".join(sys.argv[1:])
     lines = [
         "# kl-paper releases against the floor (d = 10, K = 10, label flip)",
         "",
-        "Produced by `nice -n 10 python benchmarks/bench_paper_stream.py --n "
-        f"{' '.join(f'{n:g}' for n in args.n)}` on a shared 2-core machine (one process, one "
-        f"run; load average {load:.1f} when it started: other work shared the cores). "
-        "floor = one pass "
-        "accumulating the per-class moments; before = the mean-noise SDP solved class by "
-        "class on the neighbour vectors in memory (from Parquet: files read into arrays "
-        "first); after = the constraints of every class scored in passes over the rows or "
-        "the Parquet batches. diff = largest relative difference between the two released "
-        "GMMs (same seed; the SDP optimum agrees to the solver tolerance).",
+        f"Produced by `nice -n 10 python benchmarks/bench_paper_stream.py {argv}` on a "
+        f"shared 2-core machine (load average {load:.1f} when it started: other work shared "
+        "the cores). Each checkout ran in its own process, one after the other, on the same "
+        "data: floor = one pass accumulating the per-class moments (in memory: an "
+        "ArraySource over the arrays; Parquet: the files); kl-paper = the seeded release "
+        "from the arrays in memory or from the Parquet files (one run); x = kl-paper / "
+        "floor of the same process; passes = reads of the Parquet files by the release; "
+        "diff = largest relative difference between the weights, means and covariances "
+        "released by the two checkouts (same seed; the SDP optimum agrees to the solver "
+        "tolerance).",
         "",
-        "| N | data | floor (s) | before (s) | after (s) | before / floor | after / floor "
-        "| diff |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| N | data | {head} | diff |",
+        "|---|---|" + "---|---|---|---|" * len(trees) + "---|",
         *rows,
+        "",
     ]
-    (HERE / "paper_stream.md").write_text("\n".join(lines) + "\n")
+    target = HERE / "paper_stream.md"
+    kept = ""
+    if target.exists() and MARK in target.read_text():
+        kept = target.read_text().split(MARK, 1)[1]
+    target.write_text("\n".join(lines) + MARK + kept)
 
 
 if __name__ == "__main__":

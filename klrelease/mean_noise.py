@@ -81,7 +81,9 @@ def unit_mean_noise(
     ``X`` is an array of rows (with their class ``codes``) or a chunked source
     (:mod:`klrelease.stream`; ``codes`` is ``None`` and ``transform``, e.g. clipping, is
     applied to every chunk). With ``reduce`` ``"auto"`` or ``"active-set"`` the constraints of
-    all classes are found in passes over the rows (:mod:`klrelease.solvers.passes`), unless
+    all classes are found in passes over the rows (:mod:`klrelease.solvers.passes`; large
+    datasets first on each class's rows farthest from its mean in its own whitened frame,
+    the rows left out certified by their balls), unless
     the problem is small enough for the hull or a direct solve (``"auto"``: as
     :func:`solvers.mean_noise_sdp` decides); a small streamed dataset is then read into memory.
     ``passes=False`` solves class by class on the neighbour vectors formed in memory
@@ -114,12 +116,14 @@ def unit_mean_noise(
         gram = sdp_passes.affine_gram(rows, counts, stats.means, scatters)
         data = X if streamed else sdp_passes.MemoryRows(X, codes)
         origin = stats.weights @ stats.means
+        frames = sdp_passes.ClassFrames.whitening(counts, stats.means, stats.covariances)
         order = dispatch.backend_order(solver)
 
         def attempt(name):
             try:
                 return sdp_passes.solve_affine(sigma_inv, rows, gram, data, solver=name,
-                                               origin=origin, transform=transform)
+                                               origin=origin, transform=transform,
+                                               frames=frames)
             except np.linalg.LinAlgError:  # from a backend's output: untrusted, try the next
                 raise solvers.SolverFailed(name, "linear-algebra error",
                                            "a linear-algebra error on its result") from None

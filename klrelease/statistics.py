@@ -19,9 +19,9 @@ import numpy as np
 
 from .data import check_class_sizes
 from .rows import affine_rows, class_blocks, clip_to_bounds, clip_to_norm, column_sums
-from .stream.moments import chunk_moments
+from .stream.moments import chunk_moments, sorted_moments
 
-__all__ = ["ClassStatistics", "class_statistics", "source_statistics",
+__all__ = ["ClassStatistics", "class_statistics", "grouped_class_statistics", "source_statistics",
            # the per-row maps of klrelease.rows, kept here for the modules that import them
            "affine_rows", "class_blocks", "clip_to_norm", "clip_to_bounds", "column_sums"]
 
@@ -63,6 +63,19 @@ def class_statistics(X: np.ndarray, codes: np.ndarray, n_classes: int) -> ClassS
     n_classes : int
     """
     return _from_moments(chunk_moments(X, codes, n_classes))
+
+
+def grouped_class_statistics(X: np.ndarray, codes: np.ndarray, n_classes: int
+                             ) -> tuple[ClassStatistics, np.ndarray, np.ndarray]:
+    """:func:`class_statistics` (the same arithmetic, bit for bit) and the rows it reduced,
+    grouped by class: ``(stats, rows, codes)`` with the rows of every class contiguous and
+    ``codes`` non-decreasing (the same rows in another order, for passes that read the
+    classes one at a time)."""
+    X = np.asarray(X, dtype=np.float64)
+    order, bounds = class_blocks(codes, n_classes)
+    grouped = np.take(X, order, axis=0)
+    stats = _from_moments(sorted_moments(grouped, bounds))
+    return stats, grouped, np.repeat(np.arange(n_classes), np.diff(bounds))
 
 
 def _from_moments(m) -> ClassStatistics:

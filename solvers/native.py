@@ -35,10 +35,11 @@ sum of rank-one terms with positive weights. Each Newton step costs ``O(m^2 r^2 
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve
+from scipy.linalg.lapack import dpotrf, dpotrs
 
 from .problem import SolverFailed
 
@@ -95,13 +96,29 @@ def _spectral(U: np.ndarray, w: np.ndarray):
     return s, B, g, float(s.sum()), Q
 
 
-def _hessian(B: np.ndarray, s: np.ndarray) -> np.ndarray:
-    m, r = B.shape
-    Gam = 1.0 / (np.outer(s, s) * (s[:, None] + s[None, :]))
+@functools.lru_cache(maxsize=64)
+def _pairs(r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pairs ``i <= j`` of ``r`` indices (``np.triu_indices`` order) and their multiplicity
+    in a symmetric sum (1 on the diagonal, 2 off it)."""
     iu = np.triu_indices(r)
-    weights = Gam[iu] * np.where(iu[0] == iu[1], 1.0, 2.0)
-    C = B[:, iu[0]] * B[:, iu[1]]  # (m, r(r+1)/2): products B_ni B_nj, i <= j
+    return iu[0], iu[1], np.where(iu[0] == iu[1], 1.0, 2.0)
+
+
+def _hessian(B: np.ndarray, s: np.ndarray) -> np.ndarray:
+    i, j, mult = _pairs(B.shape[1])
+    Gam = 1.0 / (np.outer(s, s) * (s[:, None] + s[None, :]))
+    weights = Gam[i, j] * mult
+    C = B[:, i] * B[:, j]  # (m, r(r+1)/2): products B_ni B_nj, i <= j
     return (C * weights) @ C.T
+
+
+def _cho_factor(K: np.ndarray):
+    """The upper Cholesky factor of ``K`` (LAPACK ``potrf``, as ``scipy.linalg.cho_factor``
+    computes it, without its checks)."""
+    c, info = dpotrf(K, lower=False, overwrite_a=False, clean=False)
+    if info != 0:
+        raise np.linalg.LinAlgError("the matrix is not positive definite")
+    return c
 
 
 def dual_ipm(
@@ -188,12 +205,13 @@ def dual_ipm(
         Hs = _hessian(B, s)
         rd = grad - z
         # Predictor (affine) and corrector with Mehrotra's centring heuristic.
-        K = Hs + np.diag(z / w)
+        K = Hs
+        K[np.diag_indices(m)] += z / w
         try:
-            cf = cho_factor(K, check_finite=False)
+            cf = _cho_factor(K)
         except np.linalg.LinAlgError:
             K[np.diag_indices(m)] += 1e-12 * np.abs(np.diag(K)).max()
-            cf = cho_factor(K, check_finite=False)
+            cf = _cho_factor(K)
 
         dw_a, dz_a = _direction(cf, grad, w, z, np.zeros(m))
         a_w = min(1.0, _max_step(w, dw_a))
@@ -306,16 +324,17 @@ def _spectral_scores(U, s, Q):
 def _direction(cf, grad, w, z, target):
     """Newton step of ``grad f - z = 0, w z = target``: ``(H + Z/W) dw = -grad + target / w``,
     ``dz = (target - w z - z dw) / w``."""
-    dw = cho_solve(cf, -grad + target / w, check_finite=False)
+    dw, info = dpotrs(cf, -grad + target / w, lower=False)
+    if info != 0:
+        raise ValueError(f"illegal value in argument {-info} of potrs")
     dz = (target - w * z - z * dw) / w
     return dw, dz
 
 
 def _max_step(x: np.ndarray, dx: np.ndarray) -> float:
-    neg = dx < 0
-    if not neg.any():
-        return np.inf
-    return float(np.min(-x[neg] / dx[neg]))
+    """``min(-x / dx)`` over the entries with ``dx < 0`` (``inf`` when there is none)."""
+    q = np.divide(x, dx, out=np.full(x.shape, -np.inf), where=dx < 0)
+    return -float(q.max())
 
 
 def _residual(rd, w, z, target) -> float:

@@ -137,6 +137,7 @@ def solve_reduced(
     max_iters: int | None = None,
     initial: np.ndarray | None = None,
     add_rows: int | None = None,
+    initial_w: np.ndarray | None = None,
 ):
     """Solve the canonical problem with the requested reduction.
 
@@ -158,6 +159,9 @@ def solve_reduced(
         earlier solve); used when its rows span ``R^r``.
     add_rows : int, optional
         Most violated rows added per round (default ``max(4 r, 8)``).
+    initial_w : ndarray, optional
+        Multipliers of the rows ``initial`` (e.g. from the earlier solve) warm-starting the
+        first backend solve when ``initial`` is the starting working set.
 
     Returns
     -------
@@ -214,6 +218,8 @@ def solve_reduced(
     in_working = np.zeros(n, dtype=bool)
     in_working[working] = True
     w_prev = None
+    if initial_w is not None and initial is not None and np.array_equal(working, initial):
+        w_prev = np.asarray(initial_w, dtype=float)
     k_add = max(4 * r, 8) if add_rows is None else max(int(add_rows), 1)
     ref_H = ref_scores = None  # scores of every row for the matrix ref_H (screening)
     while True:
@@ -224,7 +230,7 @@ def solve_reduced(
             if remaining <= 0:
                 raise SolverFailed(backend.name, "time limit", "the time limit was reached")
         w0 = None
-        if w_prev is not None and w_prev.shape[0] < working.shape[0]:
+        if w_prev is not None and w_prev.shape[0] <= working.shape[0]:
             w0 = np.concatenate([w_prev, np.full(working.shape[0] - w_prev.shape[0], 0.0)])
         sol = backend.solve(
             U[working], frame.c, tol=tol, max_iters=max_iters, time_limit=remaining, w0=w0

@@ -48,7 +48,7 @@ from ...domain import Domain
 from ...gmm import GMM
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...sampling import GaussianNoise, WishartNoise
-from ...statistics import ClassStatistics, class_statistics
+from ...statistics import ClassStatistics, grouped_class_statistics
 from ..base import Float, Guarantee, Int, Mechanism, MechanismOptions, Plan
 from ..registry import register
 from .alternating import PaperDesign, design_kl_paper
@@ -201,10 +201,11 @@ class KLPaper(Mechanism):
             stats = source_statistics(data, None if clip is None else domain)
             X, codes = data, None
         else:
-            X, codes = data.X, data.codes
+            X = data.X
             if clip is not None:
                 X, clip = clip(X), None
-            stats = class_statistics(X, codes, data.n_classes)
+            # the rows grouped by class, as the statistics sort them: the SDP reads them by class
+            stats, X, codes = grouped_class_statistics(X, data.codes, data.n_classes)
         with np.errstate(all="ignore"):  # on private statistics; the design is checked
             design = design_kl_paper(
                 X, codes, stats, transform=clip, epsilon=epsilon, delta=delta,

@@ -79,15 +79,37 @@ def uniform_expected_g(N: int, pi: np.ndarray, h: np.ndarray, *,
 
 def uniform_xlogx(N: int, K: int) -> float:
     """E[x ln x] for one part ``x = m / N`` of a composition uniform over S (O(N) terms,
-    summed in blocks of 2^20 so that memory does not grow with N)."""
+    summed in blocks of 2^14 that stay in cache, so that memory does not grow with N).
+
+    A part ``m`` has probability ``C(N - m - 1, K - 2) / C(N - 1, K - 1)``, i.e.
+    ``(K - 1) prod_{i=1}^{K-2} (N - m - i) / prod_{i=1}^{K-1} (N - i)``: while those products
+    stay in floating point, computed so (K - 2 multiplications per part, exact to a few
+    units of roundoff), otherwise from log-gamma differences.
+    """
     top = N - K + 2
-    lnS = log_num_compositions(N, K)
+    products = K > 2 and (K - 1) * np.log(N) < 600.0
+    if products:
+        norm = float(np.exp(np.log(K - 1.0) - np.sum(np.log(N - np.arange(1.0, K)))))
+    else:
+        lnS = log_num_compositions(N, K)
+    step = 1 << 14
+    p, t = np.empty(step), np.empty(step)
     total = 0.0
-    for a in range(1, top, 1 << 20):
-        m = np.arange(a, min(a + (1 << 20), top), dtype=np.float64)
-        p = np.exp(gammaln(N - m) - gammaln(K - 1) - gammaln(N - m - K + 2) - lnS)
-        x = m / N
-        total += float(np.sum(p * x * np.log(x)))
+    for a in range(1, top, step):
+        m = np.arange(a, min(a + step, top), dtype=np.float64)
+        if products:
+            q = np.subtract(N - 1.0, m, out=p[:m.shape[0]])  # N - m - 1
+            prod = q.copy()
+            for _ in range(K - 3):  # times (N - m - i) for i = 2 .. K - 2
+                q -= 1.0
+                prod *= q
+            prod *= norm
+        else:
+            prod = np.exp(gammaln(N - m) - gammaln(K - 1) - gammaln(N - m - K + 2) - lnS)
+        x = np.divide(m, N, out=m)
+        prod *= x
+        prod *= np.log(x, out=t[:x.shape[0]])
+        total += float(prod.sum())
     return total
 
 
