@@ -124,13 +124,14 @@ def bounded_class_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
                           fn: Callable[[np.ndarray, int], np.ndarray]
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-class counts (K,), sums (K, d') and raw second moments ``sum u u^T`` (K, d', d')
-    of ``u = fn(rows of class k, k)``, a per-row map of one class's rows at a time (one sort
-    of the chunk, then :func:`sorted_bounded_moments`). For maps whose rows are bounded
-    (clipped), where plain sums keep their accuracy (no centring); partial results merge by
-    addition."""
+    of ``u = fn(rows of class k, k)``, a per-row map of one class's rows at a time (the
+    chunk's rows grouped by one sort of their codes, then :func:`sorted_bounded_moments`).
+    For maps whose rows are bounded (clipped), where plain sums keep their accuracy (no
+    centring); partial results merge by addition."""
     rows = np.asarray(rows, dtype=np.float64)
     order, bounds = class_blocks(codes, n_classes)
-    sums, second = sorted_bounded_moments(np.take(rows, order, axis=0), bounds, fn)
+    # each block of a class gathered when it is reduced (no sorted copy of the chunk)
+    sums, second = sorted_bounded_moments(rows, bounds, fn, index=order)
     return np.diff(bounds).astype(float), sums, second
 
 
