@@ -239,8 +239,7 @@ MODEL = """## N = 1e10 on n workers (a model on paper)
 
 A kl-certified release of more than 2^18 rows reads the data twice, under both relations: the
 first pass validates every row and label and keeps the labelled sample of 2^18 rows chosen by
-their index (under label flip it also reads the features' count, mean and scatter, the frame
-when the sample holds every row; with more rows the frame is the sample's); the
+their index (under label flip it also reads the features' count, mean and scatter); the
 locating rounds, stages A and B and the first of two stage-C rounds read that sample in
 memory on the driver; the last stage-C round passes over every row. Each pass is
 embarrassingly parallel: a worker reads its partitions and reduces each to K x d x d + K x d

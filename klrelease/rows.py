@@ -180,20 +180,21 @@ def clip_to_bounds(X: np.ndarray, lower, upper, out: np.ndarray | None = None) -
     64 times (a long inner loop: broadcasting a short row of bounds over many rows is several
     times slower); the rows after the last multiple of 64 by broadcasting."""
     X = np.asarray(X)
-    lower, upper = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
     m = 64
     q = (X.shape[0] // m) * m if X.ndim == 2 else 0
-    if (q == 0 or not X.flags.c_contiguous or X.dtype != np.float64 or lower.ndim != 1
-            or upper.ndim != 1 or (out is not None and not out.flags.c_contiguous)):
+    d = X.shape[1] if X.ndim == 2 else 0
+    lo, hi = np.asarray(lower), np.asarray(upper)
+    if (q == 0 or d == 0 or not X.flags.c_contiguous or X.dtype != np.float64
+            or lo.shape != (d,) or hi.shape != (d,) or lo.dtype != np.float64
+            or hi.dtype != np.float64 or (out is not None and not out.flags.c_contiguous)):
         out = np.maximum(X, lower, out=out)
         return np.minimum(out, upper, out=out)
     if out is None:
         out = np.empty(X.shape)
-    d = X.shape[1]
     wide, into = X[:q].reshape(-1, m * d), out[:q].reshape(-1, m * d)
-    np.maximum(wide, np.tile(lower, m), out=into)
-    np.minimum(into, np.tile(upper, m), out=into)
+    np.maximum(wide, np.tile(lo, m), out=into)
+    np.minimum(into, np.tile(hi, m), out=into)
     if q < X.shape[0]:
-        np.maximum(X[q:], lower, out=out[q:])
-        np.minimum(out[q:], upper, out=out[q:])
+        np.maximum(X[q:], lo, out=out[q:])
+        np.minimum(out[q:], hi, out=out[q:])
     return out

@@ -51,9 +51,12 @@ read twice (statistics, extreme rows) instead of four times.
 
 Everything the loop decides depends on the scores of rows, not on their order, so arrays and
 sources of the same rows, in any chunking, reach the same working sets and the same answer
-(up to the rounding of the per-class sums). The extreme rows kept do not depend on the order
-or chunking either (all rows of a radius tied at the cut are left out together), except that
-rows in memory skip, below a floor estimated on a strided sample, rows that cannot be kept.
+(up to the rounding of the per-class sums). Which extreme rows are kept can depend on the
+chunking where rows tie at the cut (a partial result drops all the rows of the radius tied
+at its own cut, and chunks cut at different radii), and rows in memory skip, below a floor
+estimated on a strided sample, rows that cannot be kept. Either way every row left out lies
+in its class's ball, whose radius is the largest of the rows left out: the certificate holds
+whichever rows are kept, and the answers agree to the solver's tolerance.
 """
 
 from __future__ import annotations

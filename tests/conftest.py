@@ -20,6 +20,26 @@ def iris():
     return load_dataset("iris")
 
 
+def mean_noise_problems(X, y, K):
+    """kl-paper's per-class mean-noise SDPs of ``(X, y)`` as the passes over rows take them:
+    the class statistics, the constraint matrices ``A`` (the inverse class covariances,
+    symmetrised), the rows' affine map to their neighbour vectors and the Gram of those
+    vectors."""
+    import numpy as np
+
+    from klrelease.solvers.passes import AffineRows, affine_gram
+    from klrelease.statistics import class_statistics
+
+    st = class_statistics(X, y, K)
+    A = np.linalg.inv(st.covariances)
+    A = 0.5 * (A + A.transpose(0, 2, 1))
+    counts = st.counts.astype(float)
+    scales = np.diag(1.0 / (counts - 1)) + (1 - np.eye(K)) / (counts + 1)[:, None]
+    rows = AffineRows(st.means, scales)
+    gram = affine_gram(rows, counts, st.means, st.covariances * (counts - 1)[:, None, None])
+    return st, A, rows, gram
+
+
 #: Public bounds in the data's units for the learners that need them (required options), at
 #: values that suit the unit-scale test mixtures.
 LEARNER_SCALES = {

@@ -139,6 +139,12 @@ def test_histograms_and_clips_equal_numpy():
     for V in (T[:5], T[:64], T[::3], T[1:]):
         np.testing.assert_array_equal(clip_to_bounds(V, lo, hi), np.clip(V, lo, hi))
     np.testing.assert_array_equal(clip_to_bounds(T, -0.5, 0.5), np.clip(T, -0.5, 0.5))
+    # bounds broadcast from one value, no feature, float32 rows: as numpy does
+    one = (np.array([-0.5]), np.array([0.5]))
+    np.testing.assert_array_equal(clip_to_bounds(T, *one), np.clip(T, *one))
+    assert clip_to_bounds(np.zeros((128, 0)), -1.0, 1.0).shape == (128, 0)
+    T32 = T.astype(np.float32)
+    assert clip_to_bounds(T32, -0.5, 0.5).dtype == np.clip(T32, -0.5, 0.5).dtype
     U = T.copy()
     assert clip_to_bounds(U, lo, hi, out=U) is U
     np.testing.assert_array_equal(U, np.clip(T, lo, hi))

@@ -5,6 +5,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import mean_noise_problems
 
 import klrelease
 from klrelease import solvers
@@ -12,10 +13,8 @@ from klrelease.mechanisms.kl_paper.objective import log_num_compositions, unifor
 from klrelease.neighbours import class_neighbour_vectors
 from klrelease.solvers import passes
 from klrelease.solvers.passes import (
-    AffineRows,
     ClassFrames,
     MemoryRows,
-    affine_gram,
     extreme_rows,
     solve_affine,
 )
@@ -33,14 +32,8 @@ def _data(n, d=5, K=4, seed=0, offset=0.0):
 
 
 def _problems(X, y, K):
-    st = class_statistics(X, y, K)
-    A = np.linalg.inv(st.covariances)
-    A = 0.5 * (A + A.transpose(0, 2, 1))
-    counts = st.counts.astype(float)
-    scales = np.diag(1.0 / (counts - 1)) + (1 - np.eye(K)) / (counts + 1)[:, None]
-    rows = AffineRows(st.means, scales)
-    gram = affine_gram(rows, counts, st.means, st.covariances * (counts - 1)[:, None, None])
-    frames = ClassFrames.whitening(counts, st.means, st.covariances)
+    st, A, rows, gram = mean_noise_problems(X, y, K)
+    frames = ClassFrames.whitening(st.counts.astype(float), st.means, st.covariances)
     return st, A, rows, gram, frames
 
 

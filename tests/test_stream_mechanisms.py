@@ -6,12 +6,12 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import mean_noise_problems
 
 import klrelease
 from klrelease import solvers
 from klrelease.neighbours import class_neighbour_vectors
-from klrelease.solvers.passes import AffineRows, MemoryRows, affine_gram, solve_affine
-from klrelease.statistics import class_statistics
+from klrelease.solvers.passes import MemoryRows, solve_affine
 from klrelease.stream import ArraySource, CSVSource
 
 CLASSES = [0, 1, 2]
@@ -83,20 +83,9 @@ def test_kl_paper_streams_to_the_in_memory_release(extra):
     assert b.solver.status == "optimal"
 
 
-def _problems(X, y, K):
-    st = class_statistics(X, y, K)
-    A = np.linalg.inv(st.covariances)
-    A = 0.5 * (A + A.transpose(0, 2, 1))
-    counts = st.counts.astype(float)
-    scales = np.diag(1.0 / (counts - 1)) + (1 - np.eye(K)) / (counts + 1)[:, None]
-    rows = AffineRows(st.means, scales)
-    gram = affine_gram(rows, counts, st.means, st.covariances * (counts - 1)[:, None, None])
-    return st, A, rows, gram
-
-
 def test_active_set_on_chunked_rows_reaches_the_in_memory_design():
     X, y = _data(n=20_000, d=5, offset=1e3, sort=False)
-    st, A, rows, gram = _problems(X, y, 3)
+    st, A, rows, gram = mean_noise_problems(X, y, 3)
     small_pool = 60  # several passes: the pools miss rows that only later violate
     source = ArraySource(X, y, classes=CLASSES, chunk_rows=4099)
     passes = []
@@ -206,7 +195,7 @@ def test_a_pool_that_bounds_the_other_rows_certifies_without_another_pass(pool, 
     # all rows without a pass that scores them against it. A small pool needs more passes,
     # and the certificate stays the largest score over every row.
     X, y = _data(n=30_000, d=5, offset=1e3, sort=False)
-    st, A, rows, gram = _problems(X, y, 3)
+    st, A, rows, gram = mean_noise_problems(X, y, 3)
     for data in (MemoryRows(X, y, block_rows=3001),
                  ArraySource(X, y, classes=CLASSES, chunk_rows=4099)):
         passes = []

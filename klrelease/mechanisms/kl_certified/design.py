@@ -643,9 +643,6 @@ def _public_count(pub: PublicInputs) -> int:
     return (pub.public_rows if index is None else index).shape[0]
 
 
-#: Values per block of a product that is reduced while it is in cache (512 KiB of doubles).
-CACHE_VALUES = 1 << 16
-
 #: Public rows whose posterior for a class is at most this add nothing to its shape or tail
 #: correction (their share of either is below this fraction of one row's: far rows of other
 #: classes, which would otherwise cost as much arithmetic as the class's own).
@@ -686,32 +683,23 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
         return None
     T = pub.public_rows  # every stored row: row by row the same values
     lw = np.log(np.maximum(n / n.sum(), 1e-300))
-    K, d = len(n), T.shape[1]
-    # z_k = ch_k^-1 (t - m_k) for every row and class: per block of rows one product with the
-    # factors' inverses side by side, (t - c) [A_1 ... A_K] - [(m_k - c) A_k] with c the
-    # rows' mean (a matrix product, several times faster than triangular solves with many
-    # right-hand sides; one product for all classes, not one per class)
-    A = np.empty((d, K * d))
+    L = np.empty((T.shape[0], len(n)))
+    d = T.shape[1]
+    step = row_block(d)
     try:
-        for k in range(K):
+        for k in range(len(n)):
             ch = np.linalg.cholesky(0.5 * (covs[k] + covs[k].T))
-            A[:, k * d:(k + 1) * d] = solve_triangular(ch, np.eye(d), lower=True,
-                                                       check_finite=False).T
-            lw[k] -= np.log(np.diag(ch)).sum()
+            # z = ch^-1 (t - m_k) for every row: one product with the factor's inverse per
+            # block of rows (a matrix product, several times faster than a triangular solve
+            # with many right-hand sides)
+            inv_t = solve_triangular(ch, np.eye(d), lower=True, check_finite=False).T
+            L[:, k] = lw[k] - np.log(np.diag(ch)).sum()
+            for a in range(0, T.shape[0], step):
+                z = affine_rows(T[a:a + step], means[k], inv_t)
+                L[a:a + step, k] -= 0.5 * np.einsum("ij,ij->i", z, z)
+                del z
     except np.linalg.LinAlgError:
         return fallback
-    c = means.mean(axis=0)
-    off = np.einsum("ki,kij->kj", means - c, A.reshape(d, K, d).transpose(1, 0, 2)).ravel()
-    L = np.empty((T.shape[0], K))
-    # few classes and features: blocks whose product stays in cache; else blocks as large as
-    # row_block allows (a product of few rows would read the factors again for each block)
-    step = row_block(K * d) if K * d > 512 else min(row_block(K * d), CACHE_VALUES // (K * d))
-    for a in range(0, T.shape[0], step):
-        Z = affine_rows(T[a:a + step], c, A)
-        Z -= off
-        Z = Z.reshape(-1, K, d)
-        np.subtract(lw, 0.5 * np.einsum("ikj,ikj->ik", Z, Z), out=L[a:a + step])
-        del Z
     if getattr(pub, "public_index", None) is not None:
         L = L[pub.public_index]
     if not np.all(np.isfinite(L)):

@@ -192,21 +192,14 @@ def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool
     return frame, T if clip is None else clip(T), certified, where, window
 
 
-def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, norm_bound,
-              sample: np.ndarray | None = None):
+def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, norm_bound):
     """:func:`public_frame` without the rows: ``(frame, clip, certified, where, window,
     scatter)``, ``clip`` the map clipping frame rows into the bound and ``scatter`` the public
-    scatter of the rows in the frame (``sum t t^T``; label flip), ``None`` where not used.
-    Label flip, ``sample`` (indices, in priority order): the frame from those rows'
-    features (:func:`_sample_moments`), as a release of more rows than its early stages'
-    sample takes it in memory and streamed alike."""
+    scatter of the rows in the frame (``sum t t^T``; label flip), ``None`` where not used."""
     X = data.X
     d = data.n_features
     if relation == Adjacency.LABEL_FLIP:
-        if sample is None:
-            centre, C, M2 = _public_moments(X)
-        else:
-            centre, C, M2 = _pooled_covariance(_sample_moments(X[sample], X.shape[0]))
+        centre, C, M2 = _public_moments(X)
         frame = whitening_frame(centre, C)
         return (frame, None, True, "the public features (whitened)", None,
                 frame_scatter(frame, M2))
@@ -288,20 +281,6 @@ def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         m, lo, hi = pooled_moments(X, extremes=True)
         check_scales(np.maximum(hi, -lo) if N else np.zeros(d), "the features' magnitudes")
         return _pooled_covariance(m)
-
-
-def _sample_moments(X: np.ndarray, n_total: int):
-    """Label flip: the public moments of ``n_total`` rows estimated from the features of a
-    sample of them, ``X`` (rows chosen by their index, in priority order): count
-    ``n_total``, the sample's mean, its scatter scaled to ``n_total - 1`` degrees of freedom
-    (so the covariance is the sample's), the sample's magnitudes checked. One pooled
-    moment pass over the sample: the frame of a release of more rows than its early stages'
-    sample, in memory, streamed, and in one pass."""
-    from ...stream.moments import ClassMoments
-
-    mean, _, M2 = _public_moments(X)
-    return ClassMoments(np.array([float(n_total)]), mean[None, :],
-                        (M2 * ((n_total - 1) / max(X.shape[0] - 1, 1)))[None, :, :])
 
 
 def _pooled_covariance(m) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -668,10 +647,8 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     more rows than that, the early stages read the sample in memory (``early``; their
     statistics and noise scaled by ``scale`` = N / its rows) and only the last stage-C round
     passes over every row again. Label flip: pass 1 also reads the features (their count,
-    mean and covariance: the frame, which is the labelled sample's when there are more rows
-    than it (:func:`_sample_moments`, as in memory); the row sample that gives the radius R);
-    stage A passes over every row unless the sample stands in. Replace-one: pass 1 counts the
-    classes.
+    mean and covariance: the frame; the row sample that gives the radius R); stage A passes
+    over every row unless the sample stands in. Replace-one: pass 1 counts the classes.
 
     ``one_pass_sample``: the sample of a one-pass release of more rows than it holds, ``(N,
     (rows, codes), rows read)`` from :meth:`~klrelease.stream.Source.block_sample` (rows
@@ -692,12 +669,10 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
             first if first is not None else source.pooled_and_sample(labelled=S))
         m0, sample = got[:2]
         N = int(round(m0.counts[0]))
-        sampled = N > S
-        if sampled and first is None:  # the frame from the labelled sample, as in memory
-            m0 = _sample_moments(got[3][0], N)
         mean, C, M2 = _pooled_covariance(m0)
         frame = whitening_frame(mean, C)
         clip, where, window = None, "the public features (whitened)", None
+        sampled = N > S
         public_rows = frame.to_frame(sample)
         R = sample_radius(frame, sample, budget_of(N), S if sampled else N, K, public_rows)
         total_scatter = frame_scatter(frame, M2)
@@ -761,13 +736,17 @@ def _pass_one_of_sample(sample, n_classes: int, label_flip: bool):
     ``SAMPLE_ROWS`` rows, and its class counts scaled to N (their noise is scaled too:
     ``PublicInputs.count_sd``). Under replace-one the features are private: only the last two
     (the first two ``None``; no check of their magnitudes may refuse on them)."""
+    from ...stream.moments import ClassMoments
     from ...stream.sample import SAMPLE_ROWS
 
     N, (X, codes), _ = sample
     counts = (N / X.shape[0]) * np.bincount(codes, minlength=n_classes).astype(float)
     if not label_flip:
         return None, None, counts, (X, codes)
-    return _sample_moments(X, N), X[:SAMPLE_ROWS], counts, (X, codes)
+    mean, _, M2 = _public_moments(X)
+    m0 = ClassMoments(np.array([float(N)]), mean[None, :],
+                      (M2 * ((N - 1) / max(X.shape[0] - 1, 1)))[None, :, :])
+    return m0, X[:SAMPLE_ROWS], counts, (X, codes)
 
 
 def _plan_width(plan, *args, **kwargs) -> int:
@@ -1246,6 +1225,8 @@ class KLCertified(Mechanism):
                     + (" in blocks of contiguous rows; then one pass over every row"
                        if one_pass else ""))
         else:
+            frame, clip, bound_ok, where, window, total_scatter = _frame_of(
+                data, relation, bool(options["bounds_from_data"]), options["norm_bound"])
             N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
             budget = budget_for(N)
 
@@ -1260,10 +1241,6 @@ class KLCertified(Mechanism):
             # (replace-one has no public row sample: the early stages' alone)
             lead = (sample_indices(N, max(S, SAMPLE_ROWS) if lf else S) if lf or sampled
                     else None)
-            # (label flip, more rows than the sample: the frame from the sample's features)
-            frame, clip, bound_ok, where, window, total_scatter = _frame_of(
-                data, relation, bool(options["bounds_from_data"]), options["norm_bound"],
-                sample=lead[:S] if lf and sampled else None)
             if not sampled:
                 T = _frame_rows(data.X, frame, clip)
                 order, bounds = class_blocks(data.codes, K)
