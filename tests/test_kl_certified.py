@@ -696,8 +696,9 @@ def test_a_draw_decomposes_a_bounded_number_of_d_by_d_matrices(n, eps, options, 
 
 
 def test_class_responsibilities_match_their_definition():
-    """Each public row's posterior with every class's own covariance (one product for all
-    classes, in blocks of rows) equals the normalised Gaussian densities computed directly."""
+    """Each public row's posterior with every class's own covariance (products with the
+    inverse Cholesky factors, class by class in blocks of rows) equals the normalised
+    Gaussian densities computed directly; a covariance without a factor gives the fallback."""
     from scipy.stats import multivariate_normal
 
     X, y = _classes3(3000, d=5)
