@@ -1003,12 +1003,11 @@ def round_shares(pub: PublicInputs, n: np.ndarray) -> tuple[float, ...]:
     rel = covariance_energy(trial, n, pub.n_features) / pub.n_features
     released = np.isfinite(trial.cov_sd)
     m = np.maximum(np.asarray(n, dtype=float), 0.0)
-    rest = float(m[~released].sum()) <= s["round_unreleased"] * max(float(m.sum()), 1e-300)
+    few_left_out = float(m[~released].sum()) <= s["round_unreleased"] * max(float(m.sum()),
+                                                                           1e-300)
     rel = rel[released]
-    if rel.size and rest and np.all(np.isfinite(rel)) and float(np.max(rel)) <= \
-            s["rounds_threshold"]:
-        return first, total - first
-    return (total,)
+    precise = bool(rel.size) and bool(np.all(rel <= s["rounds_threshold"]))  # NaN: not precise
+    return (first, total - first) if precise and few_left_out else (total,)
 
 
 def _centred_moments(sums: np.ndarray, scatter: np.ndarray, n: np.ndarray, k: int,
