@@ -822,23 +822,27 @@ def regions(pub: PublicInputs, centre: np.ndarray, centre_cov: np.ndarray,
     def shape_of(k: int) -> np.ndarray:  # one class's shape at a time, not a stack of them
         return base[k] + centre_cov[k]
 
-    if allow_global:
-        Pinv = np.linalg.inv(pooled)
-        cost = r**2 * np.array([np.einsum("ij,ji->", Pinv, shape_of(k)) for k in range(K)])
-        glob = ~(cost < R**2 * np.trace(Pinv))  # NaN-safe: non-finite cost -> global
-        del Pinv
-    else:
-        glob = np.array([not np.all(np.isfinite(shape_of(k))) for k in range(K)], dtype=bool)
-    ctr = np.where(glob[:, None], 0.0, centre)
+    Pinv = np.linalg.inv(pooled) if allow_global else None
+    ball = R**2 * np.trace(Pinv) if allow_global else None
+    glob = np.zeros(K, dtype=bool)
     W, W_inv = np.empty((K, d, d)), np.empty((K, d, d))
-    for k in range(K):
-        shape = ((R / r) ** 2)[k] * np.eye(d) if glob[k] else shape_of(k)
+    for k in range(K):  # each class's shape built once (a lowered one costs a d x d product)
+        shape = shape_of(k)
+        if allow_global:
+            cost = r[k] ** 2 * np.einsum("ij,ji->", Pinv, shape)
+            glob[k] = not cost < ball  # NaN-safe: a non-finite cost -> global
+        else:
+            glob[k] = not np.all(np.isfinite(shape))
+        if glob[k]:
+            shape = ((R / r) ** 2)[k] * np.eye(d)
         w, V = eig_sym(shape)
         del shape
         top = float(w[-1])
         w = np.maximum(w, 1e-12 * (top if np.isfinite(top) and top > 0 else 1.0))
         eig_map(w, V, lambda w: 1 / np.sqrt(w), out=W[k])
         eig_map(w, V, np.sqrt, out=W_inv[k])
+    del Pinv
+    ctr = np.where(glob[:, None], 0.0, centre)
     return Regions(ctr, W, W_inv, None, glob, r)
 
 
