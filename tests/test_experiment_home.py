@@ -47,3 +47,26 @@ def test_the_certified_study_runs_from_its_command(tmp_path, capsys):
     text = (folder / "results.md").read_text()
     assert f"klrelease experiment certified --quick --draws 2 --out {tmp_path}" in text
     assert "## Checks" in text
+
+
+def test_the_oracle_bound_study_runs_from_its_command(tmp_path, capsys):
+    assert main(["experiment", "oracle-bound", "--quick", "--draws", "2", "--out",
+                 str(tmp_path)]) == 0
+    text = (tmp_path / "certified" / "oracle_bound.md").read_text()
+    assert f"klrelease experiment oracle-bound --quick --draws 2 --out {tmp_path}" in text
+    rows = [ln.split("|") for ln in text.splitlines() if ln.startswith("| iris")]
+    kl = {float(r[3]): float(r[5]) for r in rows}
+    assert set(kl) == {20.0, 1000.0} and kl[1000.0] < kl[20.0]
+
+
+def test_the_oracle_falls_to_the_sampling_error_as_the_noise_vanishes():
+    import numpy as np
+
+    from klrelease.experiments.certified import oracle_class
+
+    U = np.random.default_rng(3).standard_normal((2000, 3))
+    U = (U - U.mean(axis=0)) @ np.linalg.inv(np.linalg.cholesky(np.cov(U.T, bias=True))).T
+    small, R, _ = oracle_class(U, 1e6, 2, np.random.default_rng(0))
+    assert small < 1e-3 and R >= 5  # the rows' own moments: no clip, no noise to speak of
+    large, _, _ = oracle_class(U, 1.0, 2, np.random.default_rng(0))
+    assert large > 100 * small

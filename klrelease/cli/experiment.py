@@ -67,15 +67,26 @@ def _loose_bounds(*, out: Path, quick: bool, trials: int | None, draws: int | No
     return f"loose-bounds -> {folder / 'loose_bounds.md'}"
 
 
+def _oracle_bound(*, out: Path, quick: bool, trials: int | None, draws: int | None = None,
+                  **_) -> str:
+    from ..experiments.certified import run_oracle_bound
+
+    folder = run_oracle_bound(out, quick=quick, trials=draws or trials,
+                              log=lambda line: err_console.print(line, highlight=False))
+    return f"oracle-bound -> {folder / 'oracle_bound.md'}"
+
+
 def _extra_experiments() -> dict:
     """Studies beyond the paper's synthetic sweeps: name -> runner returning a summary line."""
     return {"ppe-regimes": _ppe_regimes, "learners-regimes": _learners_regimes,
             "learners-speed": _learners_speed, "solver-study": _solver_study,
-            "certified": _certified, "loose-bounds": _loose_bounds}
+            "certified": _certified, "loose-bounds": _loose_bounds,
+            "oracle-bound": _oracle_bound}
 
 
 #: Options that only some studies take: option -> the studies that take it.
-STUDY_OPTIONS = {"--time-limit": ("solver-study",), "--draws": ("certified", "loose-bounds")}
+STUDY_OPTIONS = {"--time-limit": ("solver-study",),
+                 "--draws": ("certified", "loose-bounds", "oracle-bound")}
 
 
 def report_outcomes(rows: list[dict]) -> None:
@@ -116,7 +127,7 @@ def no_empty_folders(out: Path):
 def experiment_command(
     name: Annotated[str, typer.Argument(
         help="fig1..fig13, or a study: ppe-regimes, learners-regimes, learners-speed, "
-             "solver-study, certified, loose-bounds")],
+             "solver-study, certified, loose-bounds, oracle-bound")],
     quick: Annotated[bool, typer.Option("--quick", metavar="",
                                         help="a reduced run for CI (seconds)")] = False,
     trials: Annotated[int | None, typer.Option("--trials", help="number of datasets")] = None,
