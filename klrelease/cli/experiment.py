@@ -49,39 +49,31 @@ def _solver_study(*, out: Path, quick: bool, trials: int | None,
     return f"solver-study -> {folder}"
 
 
-def _certified(*, out: Path, quick: bool, trials: int | None, draws: int | None = None,
-               **_) -> str:
-    from ..experiments.certified import run_certified
+def _certified_study(name: str, runner: str, result: str):
+    """A study of ``klrelease.experiments.certified``: ``runner`` writes ``result`` under
+    ``out/certified``; ``--draws`` (or ``--trials``) sets its Monte Carlo draws."""
 
-    folder = run_certified(out, quick=quick, trials=draws or trials,
-                           log=lambda line: err_console.print(line, highlight=False))
-    return f"certified -> {folder / 'results.md'}"
+    def run(*, out: Path, quick: bool, trials: int | None, draws: int | None = None,
+            **_) -> str:
+        from ..experiments import certified
 
+        folder = getattr(certified, runner)(
+            out, quick=quick, trials=draws or trials,
+            log=lambda line: err_console.print(line, highlight=False))
+        return f"{name} -> {folder / result}"
 
-def _loose_bounds(*, out: Path, quick: bool, trials: int | None, draws: int | None = None,
-                  **_) -> str:
-    from ..experiments.certified import run_loose_bounds
-
-    folder = run_loose_bounds(out, quick=quick, trials=draws or trials,
-                              log=lambda line: err_console.print(line, highlight=False))
-    return f"loose-bounds -> {folder / 'loose_bounds.md'}"
-
-
-def _oracle_bound(*, out: Path, quick: bool, trials: int | None, draws: int | None = None,
-                  **_) -> str:
-    from ..experiments.certified import run_oracle_bound
-
-    folder = run_oracle_bound(out, quick=quick, trials=draws or trials,
-                              log=lambda line: err_console.print(line, highlight=False))
-    return f"oracle-bound -> {folder / 'oracle_bound.md'}"
+    return run
 
 
 def _extra_experiments() -> dict:
     """Studies beyond the paper's synthetic sweeps: name -> runner returning a summary line."""
     return {"ppe-regimes": _ppe_regimes, "learners-regimes": _learners_regimes,
             "learners-speed": _learners_speed, "solver-study": _solver_study,
-            "certified": _certified, "loose-bounds": _loose_bounds,
-            "oracle-bound": _oracle_bound}
+            "certified": _certified_study("certified", "run_certified", "results.md"),
+            "loose-bounds": _certified_study("loose-bounds", "run_loose_bounds",
+                                             "loose_bounds.md"),
+            "oracle-bound": _certified_study("oracle-bound", "run_oracle_bound",
+                                             "oracle_bound.md")}
 
 
 #: Options that only some studies take: option -> the studies that take it.
