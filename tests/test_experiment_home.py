@@ -3,6 +3,8 @@ NAME); experiments/ holds results."""
 
 from pathlib import Path
 
+import pytest
+
 from klrelease.cli import main
 from klrelease.experiments.solver_study import run_solver_study
 
@@ -59,7 +61,30 @@ def test_the_oracle_bound_study_runs_from_its_command(tmp_path, capsys):
     assert set(kl) == {20.0, 1000.0} and kl[1000.0] < kl[20.0]
 
 
-def test_the_oracle_falls_to_the_sampling_error_as_the_noise_vanishes():
+def test_the_oracle_noise_spends_exactly_its_budget():
+    import numpy as np
+
+    from klrelease.experiments.certified import oracle_noise
+
+    R, mu, f = 3.0, 2.5, 0.2
+    sm, sc = oracle_noise(R, mu, f)
+    # the worst changes of a class's sum (2 R) and second moments (sqrt(2) R^2), whitened,
+    # add up to mu^2 exactly ...
+    assert (2 * R / sm) ** 2 + (np.sqrt(2) * R * R / sc) ** 2 == pytest.approx(mu**2)
+    # ... and no row replaced within a class by another in the ball moves them by more
+    rng = np.random.default_rng(1)
+    for _ in range(2000):
+        u, v = rng.normal(size=(2, 4))
+        u *= R * rng.uniform() ** 0.25 / np.linalg.norm(u)
+        v *= R * rng.uniform() ** 0.25 / np.linalg.norm(v)
+        change = ((np.linalg.norm(u - v) / sm) ** 2
+                  + (np.linalg.norm(np.outer(u, u) - np.outer(v, v)) / sc) ** 2)
+        assert change <= mu**2 * (1 + 1e-12)
+    # a row moved between classes: R and R^2 in each of two classes, less than mu^2
+    assert 2 * ((R / sm) ** 2 + (R * R / sc) ** 2) < mu**2
+
+
+def test_the_oracle_reaches_the_fit_as_the_noise_vanishes():
     import numpy as np
 
     from klrelease.experiments.certified import oracle_class
@@ -67,6 +92,8 @@ def test_the_oracle_falls_to_the_sampling_error_as_the_noise_vanishes():
     U = np.random.default_rng(3).standard_normal((2000, 3))
     U = (U - U.mean(axis=0)) @ np.linalg.inv(np.linalg.cholesky(np.cov(U.T, bias=True))).T
     small, R, _ = oracle_class(U, 1e6, 2, np.random.default_rng(0))
-    assert small < 1e-3 and R >= 5  # the rows' own moments: no clip, no noise to speak of
+    assert small < 1e-9 and R >= 5  # the rows' own moments: no clip, no noise to speak of
     large, _, _ = oracle_class(U, 1.0, 2, np.random.default_rng(0))
-    assert large > 100 * small
+    # at mu = 1 the sum's noise alone costs d sm^2 / (2 n^2) >= 3 (2 / sqrt(0.5))^2 / (2 n^2)
+    # on every point of the grid (R >= 1, f <= 0.5)
+    assert large > 3 * 8 / (2 * 2000**2)
