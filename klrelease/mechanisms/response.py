@@ -147,14 +147,17 @@ class ResponsePlan(Plan):
 
 
 def response_guarantee(name: str, epsilon: float, delta: float, n_classes: int,
-                       declared: bool, proof: str) -> Guarantee:
-    """The claim of a randomized-response release (pure eps-DP under label flip)."""
+                       declared: bool, proof: str, *, what: str = "randomized response on the "
+                       "labels", buckets: int | None = None) -> Guarantee:
+    """The claim of a randomized-response release (pure eps-DP under label flip). Its curve is
+    ``buckets``-ary randomized response's (default K): ``buckets=2``, binary randomized
+    response, dominates every pure eps-DP mechanism."""
     rel = ADJACENCY_DESCRIPTIONS[Adjacency.LABEL_FLIP]
     if declared:
         statement = (f"({epsilon:g}, 0)-differentially private (pure DP, hence "
                      f"({epsilon:g}, {delta:g})) for neighbouring datasets that "
-                     f"{rel.split(';')[0].replace('datasets ', '')}: randomized response on "
-                     f"the labels, the features public. Proven in {proof}.")
+                     f"{rel.split(';')[0].replace('datasets ', '')}: {what}, the features "
+                     f"public. Proven in {proof}.")
         reasons = ("N, d, the features and the declared set of classes are public.",)
     else:
         warn_privacy(f"{name}: the set of classes was read from the labels (pass classes= to "
@@ -166,8 +169,9 @@ def response_guarantee(name: str, epsilon: float, delta: float, n_classes: int,
                    "class with one record can reveal that record's label.",)
     return Guarantee(epsilon=epsilon, delta=delta, neighbouring=Adjacency.LABEL_FLIP.value,
                      certified=declared, statement=statement, reasons=reasons,
-                     accounting="randomized response on every label: pure epsilon-DP",
-                     curve=PureCurve(epsilon, response_dp_event(epsilon, n_classes)))
+                     accounting=f"{what}, each label randomised once: pure epsilon-DP",
+                     curve=PureCurve(epsilon, response_dp_event(
+                         epsilon, n_classes if buckets is None else buckets)))
 
 
 def response_plan(data, *, name: str, epsilon: float, frame, estimate,

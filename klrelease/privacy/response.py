@@ -25,7 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["EPS_MAX", "response_probabilities", "respond", "response_logpmf", "debiased_sums",
-           "response_dp_event", "row_variances"]
+           "response_dp_event", "row_variances", "prior_sets", "respond_with_prior",
+           "prior_response_logpmf", "prior_response_weights"]
 
 
 #: The largest epsilon randomized response is run at. Beyond it the chance of changing a label
@@ -185,3 +186,98 @@ def debiased_moments(m: ReportedMoments, n_classes: int, epsilon: float):
         return np.maximum(out, 0.0)
 
     return n, S1, S2, energy
+
+
+# Randomized response with a prior (Ghazi et al. 2021, "Deep learning with label differential
+# privacy", RRWithPrior). Every row has a public prior over the K classes; the row reports
+# within the set of its k most likely classes, the k that maximises the chance of reporting
+# the true label when it is drawn from the prior, ``a_k * (mass of the top k)`` with
+# ``a_k = e^eps / (e^eps + k - 1)``. A label inside the set is kept with probability ``a_k``
+# and otherwise replaced by one of the set's other k - 1 classes uniformly (k-ary randomized
+# response within the set); a label outside it is replaced by a class of the set uniformly.
+# Every output has probability ``a_k``, ``b_k = 1 / (e^eps + k - 1)`` or ``1 / k`` under any
+# label, and the ratio of any two of these is at most e^eps (``a_k / b_k = e^eps``,
+# ``a_k k <= e^eps`` and ``1 / (k b_k) <= e^eps`` as ``k <= e^eps + k - 1``): pure eps-DP for
+# the row's label whatever its prior, as long as the prior does not depend on that label.
+
+
+def prior_sets(prior: np.ndarray, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, k)``: every row's classes from most to least likely under ``prior`` (N, K)
+    (ties broken by class index) and the size of its reporting set (at ``min(eps,
+    EPS_MAX)``). ``prior`` must not depend on the row's own label."""
+    P = np.asarray(prior, dtype=float)
+    N, K = P.shape
+    order = np.argsort(-P, axis=1, kind="stable")
+    mass = np.cumsum(np.take_along_axis(P, order, axis=1), axis=1)
+    keep = np.array([1.0] + [response_probabilities(epsilon, k)[0] for k in range(2, K + 1)])
+    score = np.where(np.isfinite(mass), mass, 0.0) * keep[None, :]
+    return order, np.argmax(score, axis=1) + 1
+
+
+def _ranks(codes: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Each row's rank of its code in ``order`` (0 = the prior's most likely class)."""
+    return np.argmax(order == np.asarray(codes, dtype=np.int64)[:, None], axis=1)
+
+
+def respond_with_prior(codes: np.ndarray, order: np.ndarray, k: np.ndarray, epsilon: float,
+                       rng: np.random.Generator) -> np.ndarray:
+    """Reported labels of randomized response with a prior (``order`` and ``k`` from
+    :func:`prior_sets`): within each row's set k-ary :func:`respond` on the label's rank,
+    a uniform class of the set for a label outside it."""
+    codes = np.asarray(codes, dtype=np.int64)
+    k = np.asarray(k, dtype=np.int64)
+    rank = _ranks(codes, order)
+    out_rank = np.zeros(codes.shape[0], dtype=np.int64)
+    for size in np.unique(k):
+        rows = np.flatnonzero(k == size)
+        if size == 1:
+            continue  # the set is the prior's top class: it is reported whatever the label
+        inside = rank[rows] < size
+        r = np.empty(rows.size, dtype=np.int64)
+        r[inside] = respond(rank[rows][inside], int(size), epsilon, rng)
+        r[~inside] = rng.integers(0, size, size=int(np.count_nonzero(~inside)))
+        out_rank[rows] = r
+    return np.take_along_axis(order, out_rank[:, None], axis=1)[:, 0]
+
+
+def prior_response_logpmf(reported: np.ndarray, codes: np.ndarray, order: np.ndarray,
+                          k: np.ndarray, epsilon: float) -> float:
+    """Log-probability of the reported labels given the true ones, the orders and set sizes
+    (``-inf`` if a label was reported outside its set)."""
+    reported = np.asarray(reported, dtype=np.int64)
+    k = np.asarray(k, dtype=np.int64)
+    rank_z, rank_y = _ranks(reported, order), _ranks(codes, order)
+    if np.any(rank_z >= k):
+        return float("-inf")
+    total = 0.0
+    for size in np.unique(k):
+        rows = k == size
+        if size == 1:
+            continue
+        p, q = response_probabilities(epsilon, int(size))
+        inside = rows & (rank_y < size)
+        same = inside & (rank_z == rank_y)
+        total += (np.count_nonzero(same) * np.log(p)
+                  + np.count_nonzero(inside & ~same) * np.log(q)
+                  + np.count_nonzero(rows & ~inside) * -np.log(size))
+    return float(total)
+
+
+def prior_response_weights(reported: np.ndarray, order: np.ndarray, k: np.ndarray,
+                           epsilon: float, n_classes: int) -> np.ndarray:
+    """Per row and class (N, K), the indicator of the class debiased within the row's set:
+    ``(1[z = c] - b_k) / (a_k - b_k)`` for c in the set, 0 outside; 1 on the reported class
+    where ``k = 1``. Unbiased for ``1[y = c]`` when the label lies in its set; every row's
+    weights add up to 1 (post-processing)."""
+    reported = np.asarray(reported, dtype=np.int64)
+    k = np.asarray(k, dtype=np.int64)
+    N, K = reported.shape[0], int(n_classes)
+    rank_of = np.empty_like(order)
+    np.put_along_axis(rank_of, order, np.broadcast_to(np.arange(K), (N, K)), axis=1)
+    a = np.ones(N)
+    b = np.zeros(N)
+    for size in np.unique(k):
+        if size > 1:
+            a[k == size], b[k == size] = response_probabilities(epsilon, int(size))
+    hit = np.arange(K)[None, :] == reported[:, None]
+    return np.where(rank_of < k[:, None], (hit - b[:, None]) / (a - b)[:, None], 0.0)

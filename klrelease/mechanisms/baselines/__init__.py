@@ -6,7 +6,9 @@
 * :mod:`.colored_gaussian`  ``colored-gaussian``: the paper's SDP-shaped mean noise;
 * :mod:`.r1smg`             ``r1smg``: rank-one singular multivariate Gaussian noise;
 * :mod:`.randomized_response` ``randomized-response``: randomized response on the labels,
-  debiased class moments (certified under label flip; pure DP).
+  debiased class moments (certified under label flip; pure DP);
+* :mod:`.rr_with_prior`     ``rr-with-prior``: randomized response with a prior learned from a
+  first stage of reports (certified under label flip; pure DP).
 
 Each module states its own privacy map.
 """
@@ -16,5 +18,7 @@ from .gaussian_iid import GaussianIID
 from .laplace_iid import LaplaceIID
 from .r1smg import R1SMG
 from .randomized_response import RandomizedResponse
+from .rr_with_prior import RRWithPrior
 
-__all__ = ["ColoredGaussian", "GaussianIID", "LaplaceIID", "R1SMG", "RandomizedResponse"]
+__all__ = ["ColoredGaussian", "GaussianIID", "LaplaceIID", "R1SMG", "RandomizedResponse",
+           "RRWithPrior"]

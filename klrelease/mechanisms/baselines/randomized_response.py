@@ -44,7 +44,7 @@ from ..base import Guarantee, Mechanism, MechanismOptions, last_resort
 from ..registry import register
 from ..response import ResponsePlan, response_guarantee, response_plan
 
-__all__ = ["RandomizedResponse", "Standardised", "plain_estimate"]
+__all__ = ["RandomizedResponse", "Standardised", "moments_model", "plain_estimate"]
 
 #: Covariance eigenvalues are at least this, in the standardised features.
 EIGEN_FLOOR = 1e-6
@@ -68,8 +68,18 @@ class Standardised:
 def plain_estimate(m: ReportedMoments, *, epsilon: float, n_classes: int, n_samples: int,
                    frame: Standardised, classes: tuple) -> GMM:
     """The baseline's GMM from the reported moments (post-processing, see the module)."""
-    K = int(n_classes)
-    n, S1, S2, _ = debiased_moments(m, K, epsilon)
+    n, S1, S2, _ = debiased_moments(m, int(n_classes), epsilon)
+    return moments_model(n, S1, S2, n_samples=n_samples, frame=frame, classes=classes)
+
+
+def moments_model(n: np.ndarray, S1: np.ndarray, S2: np.ndarray, *, n_samples: int,
+                  frame: Standardised, classes: tuple) -> GMM:
+    """A GMM from estimated class counts ``(K,)``, sums ``(K, d)`` and scatters ``(K, d, d)``
+    of the rows in the standardised frame: weights projected onto the simplex (each at least
+    ``1 / (2 max(N, K))``), means ``S1_k / n_k`` with ``n_k >= 2``, covariances
+    ``(S2_k - n_k m_k m_k^T) / (n_k - 1)`` with their eigenvalues floored at
+    :data:`EIGEN_FLOOR`, mapped back to raw units (post-processing)."""
+    K = n.shape[0]
     w = project_simplex(np.nan_to_num(n) / n_samples, floor=0.5 / max(n_samples, K))
     nn = np.maximum(n, 2.0)
     mu = S1 / nn[:, None]
