@@ -502,6 +502,16 @@ def test_cli_lists_a_mechanisms_options(capsys):
     assert "true|false" in text and "label-flip" in text
 
 
+def test_cli_names_the_public_bounds_a_mechanism_takes(capsys):
+    said = {}
+    for name in ("kl-certified", "randomized-response", "rr-with-prior"):
+        assert main(["mechanisms", name]) == 0
+        said[name] = " ".join(capsys.readouterr().out.split())
+    assert "--lower/--upper (a box) or --norm-bound (a ball)" in said["kl-certified"]
+    for name in ("randomized-response", "rr-with-prior"):
+        assert "public bounds: none (label flip only" in said[name]
+
+
 def test_cli_option_help_is_built_from_the_declarations(capsys):
     assert main(["release", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())

@@ -482,6 +482,7 @@ def list_mechanisms(
 
     from ..mechanisms import get_mechanism, mechanisms
     from ..mechanisms.base import describe_options
+    from ..neighbours import Adjacency
 
     if name is None:
         for n in mechanisms():
@@ -504,5 +505,7 @@ def list_mechanisms(
     out_console.print(table)
     if mech.uses_box:
         out_console.print("public bounds: --lower/--upper (a box) or --norm-bound (a ball)")
-    else:
+    elif any(a != Adjacency.LABEL_FLIP for a in mech.relations):
         out_console.print("public bounds: --norm-bound (record-level relations)")
+    else:
+        out_console.print("public bounds: none (label flip only: the features are public)")
