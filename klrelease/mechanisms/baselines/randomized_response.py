@@ -44,7 +44,8 @@ from ..base import Guarantee, Mechanism, MechanismOptions, last_resort
 from ..registry import register
 from ..response import ResponsePlan, response_guarantee, response_plan
 
-__all__ = ["RandomizedResponse", "Standardised", "moments_model", "plain_estimate"]
+__all__ = ["LabelResponse", "RandomizedResponse", "Standardised", "moments_model",
+           "plain_estimate"]
 
 #: Covariance eigenvalues are at least this, in the standardised features.
 EIGEN_FLOOR = 1e-6
@@ -115,22 +116,29 @@ def standardised_frame(data) -> tuple[Standardised, int]:
     return Standardised(mean, sd), N
 
 
+class LabelResponse(Mechanism):
+    """What the mechanisms that randomise labels share: label flip only (the features are
+    public, so no box), nothing refused on class sizes, certified when the classes are
+    declared."""
+
+    relations = (Adjacency.LABEL_FLIP,)
+    certified_relations = (Adjacency.LABEL_FLIP,)
+    uses_box = False
+    min_class_size = 0
+
+    def certifies(self, options, public) -> bool:
+        return bool(public.get("classes_declared"))
+
+
 @register
-class RandomizedResponse(Mechanism):
+class RandomizedResponse(LabelResponse):
     """Randomized response on the labels, debiased class moments; certified (label flip)."""
 
     name = "randomized-response"
     summary = ("randomized response on the labels, debiased class moments (label flip; pure "
                "eps-DP); certified baseline")
     Options = MechanismOptions
-    relations = (Adjacency.LABEL_FLIP,)
-    certified_relations = (Adjacency.LABEL_FLIP,)
-    uses_box = False
-    min_class_size = 0
     streams = True
-
-    def certifies(self, options, public) -> bool:
-        return bool(public.get("classes_declared"))
 
     def public_guarantee(self, *, epsilon, delta, options, n_samples, n_classes, n_features):
         """The claim from public inputs alone (before any data is read)."""

@@ -65,10 +65,15 @@ from ...privacy.response import (
     response_logpmf,
     response_probabilities,
 )
-from ..base import Guarantee, Mechanism, MechanismOptions, Plan, last_resort
+from ..base import Guarantee, MechanismOptions, Plan, last_resort
 from ..registry import register
 from ..response import quiet, response_guarantee
-from .randomized_response import Standardised, moments_model, standardised_frame
+from .randomized_response import (
+    LabelResponse,
+    Standardised,
+    moments_model,
+    standardised_frame,
+)
 
 __all__ = ["RRWithPrior", "RRWithPriorOptions", "MIN_UNIFORM"]
 
@@ -195,20 +200,13 @@ class RRWithPriorPlan(Plan):
 
 
 @register
-class RRWithPrior(Mechanism):
+class RRWithPrior(LabelResponse):
     """Randomized response with a prior from a first released stage; certified (label flip)."""
 
     name = "rr-with-prior"
     summary = ("randomized response with a prior learned from a first stage of reports, "
                "class moments debiased per row (label flip; pure eps-DP); certified baseline")
     Options = RRWithPriorOptions
-    relations = (Adjacency.LABEL_FLIP,)
-    certified_relations = (Adjacency.LABEL_FLIP,)
-    uses_box = False
-    min_class_size = 0
-
-    def certifies(self, options, public) -> bool:
-        return bool(public.get("classes_declared"))
 
     def public_guarantee(self, *, epsilon, delta, options, n_samples, n_classes, n_features):
         """The claim from public inputs alone (before any data is read)."""
