@@ -48,6 +48,34 @@ def test_every_output_ratio_is_at_most_e_eps_whatever_the_prior():
     assert worst > 0.5 * eps  # the bound is approached
 
 
+def test_the_sampler_draws_the_law_the_log_density_states():
+    """Empirical frequencies of every report against ``exp(prior_response_logpmf)``, for
+    labels inside and outside their sets and set sizes 1, 2 and 4: a sampler that reported
+    anything else (say the prior's top class for every label outside its set) would fail."""
+    rng = np.random.default_rng(5)
+    K, eps, reps = 4, 0.8, 40000
+    priors = {1: [0.97, 0.01, 0.01, 0.01], 2: [0.55, 0.4, 0.03, 0.02], 4: [0.25] * 4}
+    for size, prior in priors.items():
+        order, k = prior_sets(np.array([prior]), eps)
+        assert k[0] == size
+        for label in range(K):
+            codes = np.full(reps, label)
+            z = respond_with_prior(codes, np.repeat(order, reps, axis=0), np.repeat(k, reps),
+                                   eps, rng)
+            for c in range(K):
+                p = np.exp(prior_response_logpmf(np.array([c]), np.array([label]), order, k,
+                                                 eps))
+                seen = np.mean(z == c)
+                assert abs(seen - p) <= 5 * np.sqrt(max(p * (1 - p), 1e-12) / reps) + 1e-12, \
+                    (size, label, c, seen, p)
+
+
+def test_a_prior_that_is_not_a_distribution_reports_over_all_classes():
+    prior = np.array([[np.nan, 0.5, 0.5], [np.inf, 0.0, 0.0], [0.9, 0.05, 0.05]])
+    _, k = prior_sets(prior, 1.0)
+    assert k.tolist()[:2] == [3, 3]
+
+
 def test_within_set_weights_are_unbiased_and_add_up_to_one():
     rng = np.random.default_rng(1)
     K, eps = 3, 1.0
@@ -89,15 +117,45 @@ def test_the_whole_release_is_pure_eps_dp_over_label_flips():
         out = p.sample(rng)
         sizes.update(p.set_sizes(out).tolist())
         base = p.log_density(out)["weights"]
+        assert np.isfinite(base)
         n = int(rng.integers(y.size))
         for b in range(3):
             y2 = y.copy()
             y2[n] = b
             q = kr.plan(kr.as_labelled_data(X, y2, classes=[0, 1, 2], min_class_size=0), None,
                         epsilon=eps, delta=1e-5, mechanism="rr-with-prior", stage_share=0.5)
-            worst = max(worst, abs(base - q.log_density(out)["weights"]))
+            other = q.log_density(out)["weights"]
+            assert np.isfinite(other)
+            worst = max(worst, abs(base - other))
     assert worst <= eps + 1e-9
     assert sizes - {3}, "the prior never shrank a set"
+
+
+def test_the_prior_reads_no_second_stage_label():
+    """The prior, and so every second-stage set, is the same whatever the second stage's
+    labels and reports are; it changes with the first stage's reports."""
+    X, y, data = _data(N=80)
+    p = kr.plan(data, None, epsilon=2.0, delta=1e-5, mechanism="rr-with-prior",
+                stage_share=0.5)
+    rng = np.random.default_rng(4)
+    out = p.sample(rng)
+    first = out["stage"].astype(bool)
+    z = out["reported"]
+    prior = p.prior(first, z)
+    flipped = z.copy()
+    flipped[~first] = (flipped[~first] + 1) % 3
+    y2 = y.copy()
+    y2[~first] = (y2[~first] + 2) % 3
+    q = kr.plan(kr.as_labelled_data(X, y2, classes=[0, 1, 2], min_class_size=0), None,
+                epsilon=2.0, delta=1e-5, mechanism="rr-with-prior", stage_share=0.5)
+    np.testing.assert_array_equal(q.prior(first, flipped), prior)
+    moved = z.copy()
+    moved[first] = (moved[first] + 1) % 3
+    assert not np.array_equal(q.prior(first, moved), prior)
+    # every second-stage report lies in the set the output's own prior gives
+    order, k = prior_sets(prior, 2.0)
+    rank = np.argmax(order == z[~first][:, None], axis=1)
+    assert np.all(rank < k)
 
 
 def test_release_is_certified_audited_and_refuses_what_it_cannot_do():

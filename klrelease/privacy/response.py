@@ -204,9 +204,12 @@ def debiased_moments(m: ReportedMoments, n_classes: int, epsilon: float):
 def prior_sets(prior: np.ndarray, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
     """``(order, k)``: every row's classes from most to least likely under ``prior`` (N, K)
     (ties broken by class index) and the size of its reporting set (at ``min(eps,
-    EPS_MAX)``). ``prior`` must not depend on the row's own label."""
-    P = np.asarray(prior, dtype=float)
+    EPS_MAX)``); a row with a non-finite or negative entry is taken as uniform (all K
+    classes). ``prior`` must not depend on the row's own label."""
+    P = np.array(prior, dtype=float)
     N, K = P.shape
+    bad = ~np.all(np.isfinite(P) & (P >= 0), axis=1)
+    P[bad] = 1.0 / K  # a row whose prior is not a distribution reports like plain K-ary
     order = np.argsort(-P, axis=1, kind="stable")
     mass = np.cumsum(np.take_along_axis(P, order, axis=1), axis=1)
     keep = np.array([1.0] + [response_probabilities(epsilon, k)[0] for k in range(2, K + 1)])
@@ -233,10 +236,11 @@ def respond_with_prior(codes: np.ndarray, order: np.ndarray, k: np.ndarray, epsi
         if size == 1:
             continue  # the set is the prior's top class: it is reported whatever the label
         inside = rank[rows] < size
-        r = np.empty(rows.size, dtype=np.int64)
-        r[inside] = respond(rank[rows][inside], int(size), epsilon, rng)
-        r[~inside] = rng.integers(0, size, size=int(np.count_nonzero(~inside)))
-        out_rank[rows] = r
+        # both draws for every row of the group, so the randomness used (and its time)
+        # does not depend on how many labels lie in their sets
+        kept = respond(np.where(inside, rank[rows], 0), int(size), epsilon, rng)
+        uniform = rng.integers(0, size, size=rows.size)
+        out_rank[rows] = np.where(inside, kept, uniform)
     return np.take_along_axis(order, out_rank[:, None], axis=1)[:, 0]
 
 

@@ -93,7 +93,7 @@ def moments_model(n: np.ndarray, S1: np.ndarray, S2: np.ndarray, *, n_samples: i
     return GMM(w, frame.mean + mu * sd, 0.5 * (covs + np.swapaxes(covs, -1, -2)), classes)
 
 
-def standardised_frame(data) -> tuple[Standardised, int]:
+def standardised_frame(data, name: str = "randomized-response") -> tuple[Standardised, int]:
     """The public standardising frame and N (one pass over the features of a source, which
     also validates every label before any noise), its scales checked (:func:`check_scales`).
     """
@@ -109,10 +109,10 @@ def standardised_frame(data) -> tuple[Standardised, int]:
         N = data.n_samples
         with np.errstate(all="ignore"):
             check_scales(np.max(np.abs(X), axis=0) if N else np.zeros(X.shape[1]),
-                         f"{RandomizedResponse.name}: the features' magnitudes")
+                         f"{name}: the features' magnitudes")
             mean = X.mean(axis=0)
             sd = X.std(axis=0, ddof=1) if N > 1 else np.zeros(X.shape[1])
-    check_scales(sd, f"{RandomizedResponse.name}: the features' standard deviations")
+    check_scales(sd, f"{name}: the features' standard deviations")
     return Standardised(mean, sd), N
 
 

@@ -6,14 +6,16 @@ stage with probability ``stage_share``. Every first-stage label is reported by K
 response at eps (:func:`klrelease.privacy.response.respond`). From those reports and the
 public features a prior over the classes is built for every second-stage row: the debiased
 first-stage class moments give a GMM, whose posterior at the row is mixed with the uniform
-distribution so that its average confidence matches the accuracy of its top class estimated
-on the first stage's reports (two halves of the first stage, each scored on the other;
-the reports debiased, so the estimate is unbiased). Every second-stage label is then
-reported by randomized response with that prior at eps (Ghazi et al. 2021, RRWithPrior;
-:func:`klrelease.privacy.response.respond_with_prior`): within the set of its k most likely
-classes, k chosen to maximise the chance the report is right. A confident prior shrinks the
-set and with it the noise; a label outside its set is reported as a class of the set chosen
-uniformly at random, which carries no information about it.
+distribution so that its average confidence matches an estimate of the accuracy of its top
+class. That estimate scores the models of two halves of the first stage (split by position)
+on the other half's reports, debiased (unbiased for those half-sample models, which are a
+little less accurate than the model of the whole stage; the prior therefore errs toward
+doubt). A row whose posterior is not finite gets the uniform prior. Every second-stage label
+is then reported by randomized response with that prior at eps (Ghazi et al. 2021,
+RRWithPrior; :func:`klrelease.privacy.response.respond_with_prior`): within the set of its k
+most likely classes, k chosen to maximise the chance the report is right. A confident prior
+shrinks the set and with it the noise; a label outside its set is reported as a class of the
+set chosen uniformly at random, which carries no information about it.
 
 Estimate. Every row's class indicators are debiased within its set
 (:func:`~klrelease.privacy.response.prior_response_weights`; K-ary randomized response's
@@ -21,8 +23,11 @@ for the first stage) and the weighted class counts, sums and scatters of the sta
 features become a GMM as in ``randomized-response``
 (:func:`~klrelease.mechanisms.baselines.randomized_response.moments_model`). The estimate is
 unbiased but for the rows whose label fell outside their set, which count toward the set's
-classes. As eps grows every set holds all K classes (the uniform part of the prior is at
-least ``MIN_UNIFORM``), the reports become the labels and the release the non-private fit.
+classes: a row whose set is one class counts as the prior's top class whatever its label
+(at small eps most second-stage rows can be such rows, and the estimate then leans on the
+first stage's model). As eps grows every set holds all K classes (the uniform part of the
+prior is at least ``MIN_UNIFORM``), the reports become the labels and the release the
+non-private fit.
 
 Privacy map (proof). Neighbouring datasets differ in the label of one record; the features,
 N and the declared set of K classes are public. The output is the split ``s`` and the
@@ -46,7 +51,8 @@ likelihood ratio over every single-label change and runs the project's audit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 
 import numpy as np
 from pydantic import Field
@@ -98,8 +104,11 @@ def _weights(reported: np.ndarray, K: int, epsilon: float) -> np.ndarray:
 
 
 def _moments(W: np.ndarray, T: np.ndarray):
-    """Weighted class counts, sums and scatters of the rows ``T``."""
-    return W.sum(axis=0), W.T @ T, np.einsum("nk,ni,nj->kij", W, T, T, optimize=True)
+    """Weighted class counts, sums and scatters of the rows ``T`` (one product per class)."""
+    S2 = np.empty((W.shape[1], T.shape[1], T.shape[1]))
+    for k in range(W.shape[1]):
+        np.matmul((T * W[:, k:k + 1]).T, T, out=S2[k])
+    return W.sum(axis=0), W.T @ T, S2
 
 
 @dataclass
@@ -109,10 +118,13 @@ class RRWithPriorPlan(Plan):
 
     epsilon: float = 0.0
     n_classes: int = 0
-    share: float = 0.3
+    share: float = 0.0  # the first stage's share (the mechanism's option)
     rows: np.ndarray | None = None  # the public features, standardised
     codes: np.ndarray | None = None  # the private labels
     frame: Standardised | None = None
+    #: priors already built, by the released values they were built from (``sample``,
+    #: ``finalize`` and ``log_density`` of one output build it once, and identically)
+    _priors: dict = field(default_factory=dict, repr=False)
 
     def _unit(self) -> Standardised:
         d = self.rows.shape[1]
@@ -123,10 +135,21 @@ class RRWithPriorPlan(Plan):
         return moments_model(n, S1, S2, n_samples=T.shape[0], frame=self._unit(),
                              classes=tuple(range(self.n_classes)))
 
-    @quiet
     def prior(self, first: np.ndarray, reported: np.ndarray) -> np.ndarray:
         """The second stage's prior (rows not in ``first``), from the first stage's reports
         and the public features only (post-processing); uniform if it cannot be built."""
+        first = np.asarray(first, dtype=bool)
+        key = hashlib.sha256(np.packbits(first).tobytes()
+                             + np.ascontiguousarray(reported[first], dtype=np.int64).tobytes()
+                             ).hexdigest()
+        if key not in self._priors:
+            if len(self._priors) >= 4:
+                self._priors.pop(next(iter(self._priors)))
+            self._priors[key] = self._build_prior(first, reported)
+        return self._priors[key]
+
+    @quiet
+    def _build_prior(self, first: np.ndarray, reported: np.ndarray) -> np.ndarray:
         K, T = self.n_classes, self.rows
         later = T[~first]
         uniform = np.full((later.shape[0], K), 1.0 / K)
@@ -149,7 +172,9 @@ class RRWithPriorPlan(Plan):
             mix = (confidence - accuracy) / gap if gap > 0 else 1.0
             mix = float(np.clip(mix, MIN_UNIFORM, 1.0)) if np.isfinite(mix) else 1.0
             P = (1.0 - mix) * P + mix / K
-            return P if np.all(np.isfinite(P)) else uniform
+            bad = ~np.all(np.isfinite(P), axis=1)
+            P[bad] = uniform[bad]  # only the rows whose posterior is not finite
+            return P
         except Exception:  # a function of released values only: any failure is public
             return uniform
 
@@ -216,8 +241,8 @@ class RRWithPrior(LabelResponse):
                                    "epsilon-DP)",
                          curve=PureCurve(epsilon, response_dp_event(epsilon, 2)))
 
-    def plan(self, data: LabelledData, *, epsilon: float, delta: float,
-             stage_share: float = 0.3, **options) -> RRWithPriorPlan:
+    def plan(self, data: LabelledData, *, epsilon: float, delta: float, stage_share: float,
+             **options) -> RRWithPriorPlan:
         from ...stream import Source
 
         if isinstance(data, Source):
@@ -233,7 +258,7 @@ class RRWithPrior(LabelResponse):
             "klrelease/mechanisms/baselines/rr_with_prior.py",
             what="randomized response with a prior from a first stage of reports on the "
                  "labels", buckets=2)
-        frame, _ = standardised_frame(data)
+        frame, _ = standardised_frame(data, self.name)
         public = {"adjacency": Adjacency.LABEL_FLIP.value,
                   "adjacency_meaning": ADJACENCY_DESCRIPTIONS[Adjacency.LABEL_FLIP],
                   "classes_declared": declared, "stage_share": stage_share}
