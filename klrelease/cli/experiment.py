@@ -74,12 +74,15 @@ def _extra_experiments() -> dict:
                                              "loose_bounds.md"),
             "oracle-bound": _certified_study("oracle-bound", "run_oracle_bound",
                                              "oracle_bound.md"),
-            "heldout": _certified_study("heldout", "run_heldout", "heldout.md")}
+            "heldout": _certified_study("heldout", "run_heldout", "heldout.md"),
+            "heldout-sweep": _certified_study("heldout-sweep", "run_heldout_sweep",
+                                              "heldout_sweep.md")}
 
 
 #: Options that only some studies take: option -> the studies that take it.
 STUDY_OPTIONS = {"--time-limit": ("solver-study",),
-                 "--draws": ("certified", "loose-bounds", "oracle-bound", "heldout")}
+                 "--draws": ("certified", "loose-bounds", "oracle-bound", "heldout",
+                             "heldout-sweep")}
 
 
 def report_outcomes(rows: list[dict]) -> None:
@@ -132,8 +135,9 @@ def experiment_command(
         "--time-limit", help="solver-study: seconds per solve (default 60, 10 with --quick)")
     ] = None,
     draws: Annotated[int | None, typer.Option(
-        "--draws", help="certified, loose-bounds, oracle-bound, heldout: Monte Carlo draws "
-                        "per cell (defaults 100, 40, 20 and 8; with --quick 10, 4, 3 and 2)")
+        "--draws", help="certified, loose-bounds, oracle-bound, heldout, heldout-sweep: Monte "
+                        "Carlo draws per cell (defaults 100, 40, 20, 8 and 8; with --quick 10, "
+                        "4, 3, 2 and 2)")
     ] = None,
 ):
     """Reproduce one of the paper's figures, or a study: CSV of every trial, PNG and JSON."""
