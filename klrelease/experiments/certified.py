@@ -517,6 +517,13 @@ def heldout_datasets(names=HELDOUT):
         yield name, *arrays
 
 
+def _heldout_sets(quick: bool):
+    """``(name, X, codes, K, reference fit)`` of the held-out sets (the first 3 if quick)."""
+    for name, X, y in heldout_datasets(HELDOUT[:3] if quick else HELDOUT):
+        K = int(y.max()) + 1
+        yield name, X, y, K, _reference(X, y, K)
+
+
 def run_heldout(out: Path, *, quick: bool = False, trials: int | None = None,
                 log=print) -> Path:
     """Label flip on the held-out sets: kl-certified, randomized response and randomized
@@ -524,11 +531,8 @@ def run_heldout(out: Path, *, quick: bool = False, trials: int | None = None,
     folder, command = _start("heldout", out, quick, trials)
     draws = trials or (2 if quick else 8)
     epsilons = (1.0, 5.0) if quick else HELDOUT_EPSILONS
-    names = HELDOUT[:3] if quick else HELDOUT
     rows = []
-    for name, X, y in heldout_datasets(names):
-        K = int(y.max()) + 1
-        ref = _reference(X, y, K)
+    for name, X, y, K, ref in _heldout_sets(quick):
         data = as_labelled_data(X, y, classes=range(K), min_class_size=0)
         for mech in HELDOUT_MECHANISMS:
             for eps in epsilons:
@@ -591,11 +595,8 @@ def run_heldout_sweep(out: Path, *, quick: bool = False, trials: int | None = No
     folder, command = _start("heldout-sweep", out, quick, trials)
     draws = trials or (2 if quick else 8)
     epsilons = (1.0, 1000.0) if quick else SWEEP_EPSILONS
-    names = HELDOUT[:3] if quick else HELDOUT
     rows = []
-    for name, X, y in heldout_datasets(names):
-        K = int(y.max()) + 1
-        ref = _reference(X, y, K)
+    for name, X, y, K, ref in _heldout_sets(quick):
         for relation in ("label-flip", "replace-one"):
             data = as_labelled_data(X, y, classes=range(K), min_class_size=0,
                                     bounds=_box(X, 1.5) if relation == "replace-one" else None)
