@@ -271,6 +271,17 @@ def test_csv_dataset_releases_through_the_chunked_source(svc, tmp_path):
     assert served == ["kl-certified", "randomized-response"]
 
 
+def test_a_mechanism_that_needs_the_data_in_memory_is_refused_before_any_charge(svc):
+    """The service reads every dataset in chunks; rr-with-prior needs its rows in memory, so it
+    is not listed and a request for it is a 422 that charges nothing."""
+    tok = svc.token()
+    served = [m["name"] for m in svc.get(tok, "/v1/datasets/iris").json()["mechanisms"]]
+    assert "rr-with-prior" not in served and "randomized-response" in served
+    r = svc.post(tok, epsilon=1.0, delta=1e-6, mechanism="rr-with-prior")
+    assert r.status_code == 422 and "rr-with-prior" in r.json()["detail"]
+    assert len(svc.ledger.charge_rows(svc.ledger.dataset("iris"))) == 0
+
+
 def test_basic_composition_for_a_mechanism_without_a_public_curve(svc):
     """gaussian-iid gives no public_guarantee: it is charged its (epsilon, delta) and
     composed by basic composition, so the ledger's sums equal the budget exactly."""
