@@ -123,7 +123,7 @@ def no_empty_folders(out: Path):
 def experiment_command(
     name: Annotated[str, typer.Argument(
         help="fig1..fig13, or a study: ppe-regimes, learners-regimes, learners-speed, "
-             "solver-study, certified, loose-bounds, oracle-bound")],
+             "solver-study, certified, loose-bounds, oracle-bound, heldout, heldout-sweep")],
     quick: Annotated[bool, typer.Option("--quick", metavar="",
                                         help="a reduced run for CI (seconds)")] = False,
     trials: Annotated[int | None, typer.Option(

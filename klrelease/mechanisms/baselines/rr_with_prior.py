@@ -157,14 +157,14 @@ class RRWithPriorPlan(Plan):
         if idx.size < 4 or later.shape[0] == 0:
             return uniform
         try:
-            z = reported[idx]
+            z, Tf = reported[idx], T[idx]
             W = _weights(z, K, self.epsilon)
-            P = self._model(W, T[idx]).predict_proba(later)
+            P = self._model(W, Tf).predict_proba(later)
             p, q = response_probabilities(self.epsilon, K)
             halves = np.arange(idx.size) % 2 == 0  # by position: no data read
             right = []
             for h in (halves, ~halves):
-                top = self._model(W[h], T[idx][h]).predict_proba(T[idx][~h]).argmax(axis=1)
+                top = self._model(W[h], Tf[h]).predict_proba(Tf[~h]).argmax(axis=1)
                 right.append(((z[~h] == top) - q) / (p - q))
             accuracy = float(np.clip(np.mean(np.concatenate(right)), 1.0 / K, 1.0))
             confidence = float(P.max(axis=1).mean())
