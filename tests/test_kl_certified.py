@@ -965,6 +965,50 @@ def test_replace_one_locating_keeps_the_scale_of_features_with_an_atom():
     assert kl[0] < 1.0 and kl[1] <= kl[0], kl
 
 
+def _spilled_tails(seed=0):
+    """Two classes of 2000 rows: three Gaussian features and two zero-inflated ones (a quarter
+    of the rows exponential, spread thinly over the bound)."""
+    rng = np.random.default_rng(seed)
+    X, y = [], []
+    for k in range(2):
+        tail = np.where(rng.random((2000, 2)) < 0.75, 0.0, rng.exponential(3.0 + k, (2000, 2)))
+        X.append(np.hstack([rng.normal(2 * k, 1.0, (2000, 3)), tail]))
+        y.append(np.full(2000, k))
+    return np.vstack(X), np.concatenate(y)
+
+
+def test_replace_one_locating_widens_features_whose_tail_lies_beyond_its_window(monkeypatch):
+    """Replace-one, a box 1.5 times the range: the tail of a zero-inflated feature is below the
+    first round's threshold, so the second round clipped it into its edge bins and the
+    located scale put it many scales away (E[KL] 3.2 at eps = 2 against 0.27 at eps = 1).
+    The first round's counts inside the window say a quarter of the rows lie beyond it: those
+    features (and only those) take the geometric mean of the located and the bound's scale.
+    With a box 100 times the range the window holds every row and nothing changes."""
+    from klrelease.mechanisms.kl_certified import locate
+
+    X, y = _spilled_tails()
+    fit = kr.fit_gmm(X, y, classes=range(2))
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1))
+    c, h = (X.min(0) + X.max(0)) / 2, (X.max(0) - X.min(0)) / 2
+    kl = {}
+    for width in (1.5, 100.0):
+        data = kr.as_labelled_data(X, y, classes=range(2), min_class_size=0,
+                                   bounds=(c - width * h, c + width * h))
+        p = kr.plan(data, None, epsilon=2.0, delta=1e-5, adjacency="replace-one")
+        assert p.public.budget.locate > 0
+        for s in range(3):
+            out = p.sample(np.random.default_rng(s))
+            got = locate.spilled(p.public, out, locate.second_window(p.public, out))
+            want = [False, False, False, True, True] if width == 1.5 else [False] * 5
+            assert got.tolist() == want, (width, s, got)
+        kl[width] = kr.expected_kl(p, ref, n_draws=8, seed=1).mean
+        with monkeypatch.context() as m:
+            m.setattr(locate, "spilled", lambda pub, out, w: np.zeros(pub.n_features, bool))
+            kl[width, "without"] = kr.expected_kl(p, ref, n_draws=8, seed=1).mean
+    assert kl[1.5] < 0.3 * kl[1.5, "without"], kl
+    assert kl[100.0] == kl[100.0, "without"], kl
+
+
 def test_label_flip_class_without_released_second_moments_keeps_its_thin_directions():
     """Label flip, Gaussian design, a budget at which no class's second moments are released:
     a class thin along one feature (sd 0.1, the other class's sd 2) took the pooled covariance,

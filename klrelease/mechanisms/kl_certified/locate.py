@@ -15,7 +15,9 @@ the interval the rows occupy and their spread there:
    span of thresholded noisy counts misses the thin tails, and clipping them would bias every
    later stage (the later stages' radii bound each row's influence anyway). A feature that
    both rounds see as a point while many rows went unplaced (an atom) keeps the bound's scale
-   (:func:`unplaced`).
+   (:func:`unplaced`). A feature with a tail that the first round could not place, many rows
+   beyond the second round's window (:func:`spilled`), gets a scale between the located one
+   and the bound's.
 
 Replacing one record moves one unit of count between two bins of every feature's histogram:
 the squared change is at most ``2 d``, so with noise ``sqrt(2 d) / s`` per bin each round is a
@@ -37,7 +39,8 @@ from scipy.stats import norm
 from ...rows import clip_to_bounds
 
 __all__ = ["LOCATE", "Window", "Located", "histograms", "occupied", "located_from", "unplaced",
-           "threshold_z", "first_window", "second_window", "located_frame", "in_bound"]
+           "threshold_z", "first_window", "second_window", "located_frame", "in_bound",
+           "spilled"]
 
 #: Public constants of the locating stage.
 LOCATE = {
@@ -48,6 +51,10 @@ LOCATE = {
     "mass": 0.5,  # an occupied span is kept only if its kept counts reach this x N
     "unplaced": 0.2,  # share of the rows that, unplaced by both rounds, voids a point's scale
     "point": 0.5,  # a located distribution this narrow (x a second-round bin) is a point
+    # at least this share of the rows beyond the second round's window (and this many noise
+    # standard deviations of the first round's counts inside it) widens the located scale
+    "spilled": 0.1,
+    "spilled_z": 4.0,
 }
 
 
@@ -206,9 +213,40 @@ def located_frame(pub, output: dict) -> Located:
     noisy, window = np.asarray(output["locate_2"], dtype=float), second_window(pub, output)
     located = located_from(noisy, window, _threshold(pub, b), pub.n_samples)
     bound = first_window(pub)
-    scale = np.where(unplaced(pub, output, window, located.scale),
-                     np.maximum(located.scale, 0.25 * (bound.hi - bound.lo)), located.scale)
+    quarter = np.maximum(located.scale, 0.25 * (bound.hi - bound.lo))
+    scale = np.where(spilled(pub, output, window), np.sqrt(located.scale * quarter),
+                     located.scale)
+    scale = np.where(unplaced(pub, output, window, located.scale), quarter, scale)
     return in_bound(pub, Located(located.centre, scale, located.lower, located.upper))
+
+
+def spilled(pub, output: dict, window: Window) -> np.ndarray:
+    """Per feature: whether many rows lie beyond the second round's window (post-processing of
+    the first round's noisy counts).
+
+    The second round clips the rows outside its window into its edge bins, so its scale sees
+    them at the window's edge: a tail that the first round's threshold did not place (a
+    skewed or zero-inflated feature whose other values are spread thinly) is then many
+    located scales away, and every later clip cuts it down. The first round's counts of the
+    bins that make up the window estimate how many rows it holds; the rest, ``N`` minus
+    that sum, lie beyond it. A feature where they are at least ``spilled`` x N rows and
+    ``spilled_z`` noise standard deviations of that sum takes the geometric mean of its
+    located scale and the bound's quarter width: the tail's spread is somewhere between the
+    two, and the mean is wrong by at most the square root of their ratio either way. On a
+    loose bound the window holds every row (the data lie in a few of the first round's bins
+    and the window adds one on each side), so the located scale stands."""
+    n = pub.n_samples
+    first = np.asarray(output["locate_1"], dtype=float)
+    bound = first_window(pub)
+    bins = first.shape[1]
+    width = np.where(bound.hi > bound.lo, (bound.hi - bound.lo) / bins, 1.0)
+    # the window's edges are edges of the first round's bins (:func:`occupied`)
+    lo = np.clip(np.rint((window.lo - bound.lo) / width), 0, bins).astype(int)
+    hi = np.clip(np.rint((window.hi - bound.lo) / width), 0, bins).astype(int)
+    columns = np.arange(bins)[None, :]
+    inside = np.where((columns >= lo[:, None]) & (columns < hi[:, None]), first, 0.0).sum(axis=1)
+    noise = LOCATE["spilled_z"] * pub.locate_sd * np.sqrt(np.maximum(hi - lo, 1))
+    return (n - inside) >= np.maximum(LOCATE["spilled"] * n, noise)
 
 
 def unplaced(pub, output: dict, window: Window, scale: np.ndarray) -> np.ndarray:
