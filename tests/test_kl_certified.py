@@ -1009,6 +1009,44 @@ def test_replace_one_locating_widens_features_whose_tail_lies_beyond_its_window(
     assert kl[100.0] == kl[100.0, "without"], kl
 
 
+def test_replace_one_raises_the_locating_share_when_the_rows_are_few():
+    """569 rows of 30 features (breast cancer) in a box 100 times their range: at eps = 5 the
+    base locating share could not locate them, and the release took the box as the data's
+    frame (E[KL] about 1.6e6, every row predicted as the majority class). The share is raised
+    (public inputs only) until the rows pass the first round's threshold with a margin: the
+    release is then near the one with a box 1.5 times the range. Where the base share
+    suffices it is kept, and where no share up to the cap does the stage is skipped."""
+    from sklearn.datasets import load_breast_cancer
+
+    from klrelease.mechanisms.kl_certified.design import SETTINGS
+    from klrelease.mechanisms.kl_certified.mechanism import release_budget
+    from klrelease.neighbours import Adjacency as Adj
+
+    def share(eps, n, d=30):
+        b = release_budget(eps, 1e-5, Adj.REPLACE_ONE, n, d)
+        return (b.locate / b.mu) ** 2
+
+    assert share(5.0, 569) > SETTINGS["locate_share"] * 1.01
+    assert share(5.0, 569) <= SETTINGS["locate_max"] * 1.0001
+    assert share(5.0, 5000) == pytest.approx(SETTINGS["locate_share"])
+    assert share(1.0, 569) == 0.0
+    b = load_breast_cancer()
+    X, y = b.data, b.target
+    fit = kr.fit_gmm(X, y, classes=range(2))
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1))
+    c, h = (X.min(0) + X.max(0)) / 2, (X.max(0) - X.min(0)) / 2
+    kl, acc = {}, {}
+    for width in (1.5, 100.0):
+        data = kr.as_labelled_data(X, y, classes=range(2), min_class_size=0,
+                                   bounds=(c - width * h, c + width * h))
+        p = kr.plan(data, None, epsilon=5.0, delta=1e-5, adjacency="replace-one")
+        draws = [p.draw(np.random.default_rng(s)) for s in range(6)]
+        kl[width] = np.mean([kr.kl_divergence(g, ref) for g in draws])
+        acc[width] = np.mean([np.mean(g.predict(X) == y) for g in draws])
+    assert kl[100.0] < 3.0 * kl[1.5], kl
+    assert acc[100.0] > 0.8, acc  # the majority class is 0.63
+
+
 def test_label_flip_class_without_released_second_moments_keeps_its_thin_directions():
     """Label flip, Gaussian design, a budget at which no class's second moments are released:
     a class thin along one feature (sd 0.1, the other class's sd 2) took the pooled covariance,

@@ -76,6 +76,7 @@ SETTINGS = {
     "box_radius": 0.6,  # replace-one, not located: stage-A radius >= this x the bound's
     "box_noise": 0.05,  # ... growing to all of it as a class mean's relative noise falls below
     "locate_share": 0.08,  # replace-one: share of mu^2 for locating, taken from stage C
+    "locate_max": 0.25,  # ... raised up to this when the rows are too few to locate at 0.08
     "region_level": 0.95,  # stage-C radius^2 >= chi2_d quantile at this level
     "tail_scale": 1.0,  # stage C: tail mass outside a region <= this x its relative noise
     # ... and, once that relative noise is below tail_rel, radius^2 >= the level's radius^2

@@ -55,6 +55,11 @@ LOCATE = {
     # standard deviations of the first round's counts inside it) widens the located scale
     "spilled": 0.1,
     "spilled_z": 4.0,
+    # a share raised above the base one (``locate_share``, too small for the rows) must
+    # locate them with this margin (``can_locate``); the shares tried: a geometric ladder of
+    # this many steps from the base share to ``locate_max``
+    "raised_margin": 1.5,
+    "raised_steps": 12,
 }
 
 
@@ -71,12 +76,12 @@ def round_bins(n_samples: int, d: int, sd: float, first: bool) -> int:
     return b
 
 
-def can_locate(n_samples: int, d: int, sd: float) -> bool:
+def can_locate(n_samples: int, d: int, sd: float, margin: float = 1.0) -> bool:
     """Whether the rows could be located at all: ``N`` rows in two bins of the first round
-    would pass its threshold twice over (public inputs only; otherwise the bound's frame is
-    used as it is and the stage's share goes to the others)."""
+    would pass its threshold twice over, times ``margin`` (public inputs only; otherwise the
+    bound's frame is used as it is and the stage's share goes to the others)."""
     b = LOCATE["bins"]
-    return bool(n_samples >= 4.0 * threshold_z(d, b, LOCATE["false_rate"]) * sd)
+    return bool(n_samples >= margin * 4.0 * threshold_z(d, b, LOCATE["false_rate"]) * sd)
 
 
 def threshold_z(d: int, bins: int, false_rate: float) -> float:

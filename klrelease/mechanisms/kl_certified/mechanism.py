@@ -73,6 +73,7 @@ from .design import (
     symmetric_gaussian_logpdf,
 )
 from .locate import (
+    LOCATE,
     Located,
     Window,
     bins_of,
@@ -602,7 +603,11 @@ def release_budget(epsilon: float, delta: float, relation: Adjacency, n_samples:
     """The budget split of a release (public inputs only). Under replace-one the locating
     stage gets its share only when the rows it reads (``N``, or the early stages' sample of
     :func:`~klrelease.stream.sample.stage_rows` rows when there are more) can be located at
-    this budget (:func:`.locate.can_locate`); otherwise the bound's frame is used as it is."""
+    this budget (:func:`.locate.can_locate`). When they cannot at the base share
+    (``locate_share``), the smallest share of a fixed geometric ladder up to ``locate_max`` at
+    which they can with the margin ``LOCATE["raised_margin"]`` is taken (few rows in a loose
+    bound: the bound's frame would put every later stage's noise at the bound's scale);
+    otherwise the bound's frame is used as it is."""
     from ...stream.sample import stage_rows
 
     shares = dict(SETTINGS[relation.value])
@@ -613,9 +618,15 @@ def release_budget(epsilon: float, delta: float, relation: Adjacency, n_samples:
         shares["counts_all"] = shares["counts"]
     if relation == Adjacency.LABEL_FLIP:
         return Budget.split(epsilon, delta, shares)
-    budget = Budget.split(epsilon, delta, {**shares, "locate": SETTINGS["locate_share"]})
-    if can_locate(min(n_samples, stage_rows(d)), d, locate_sd(budget, d)):
+    n = min(n_samples, stage_rows(d))
+    base = SETTINGS["locate_share"]
+    budget = Budget.split(epsilon, delta, {**shares, "locate": base})
+    if can_locate(n, d, locate_sd(budget, d)):
         return budget
+    for share in np.geomspace(base, SETTINGS["locate_max"], LOCATE["raised_steps"])[1:]:
+        raised = Budget.split(epsilon, delta, {**shares, "locate": float(share)})
+        if can_locate(n, d, locate_sd(raised, d), margin=LOCATE["raised_margin"]):
+            return raised
     return Budget.split(epsilon, delta, shares)
 
 
