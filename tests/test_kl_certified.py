@@ -1018,7 +1018,8 @@ def test_replace_one_raises_the_locating_share_when_the_rows_are_few():
     suffices it is kept, and where no share up to the cap does the stage is skipped."""
     from sklearn.datasets import load_breast_cancer
 
-    from klrelease.mechanisms.kl_certified.design import SETTINGS
+    from klrelease.mechanisms.kl_certified.design import SETTINGS, Budget, locate_sd
+    from klrelease.mechanisms.kl_certified.locate import LOCATE, can_locate
     from klrelease.mechanisms.kl_certified.mechanism import release_budget
     from klrelease.neighbours import Adjacency as Adj
 
@@ -1026,8 +1027,13 @@ def test_replace_one_raises_the_locating_share_when_the_rows_are_few():
         b = release_budget(eps, 1e-5, Adj.REPLACE_ONE, n, d)
         return (b.locate / b.mu) ** 2
 
-    assert share(5.0, 569) > SETTINGS["locate_share"] * 1.01
-    assert share(5.0, 569) <= SETTINGS["locate_max"] * 1.0001
+    ladder = np.geomspace(SETTINGS["locate_share"], SETTINGS["locate_max"], LOCATE["shares"])
+    got = share(5.0, 569)
+    i = int(np.argmin(np.abs(ladder - got)))
+    assert i > 0 and got == pytest.approx(ladder[i]), (got, ladder)
+    # the least rung that locates the rows with the raised margin, and not the one below it
+    below = Budget.split(5.0, 1e-5, {**SETTINGS["replace-one"], "locate": float(ladder[i - 1])})
+    assert not can_locate(569, 30, locate_sd(below, 30), LOCATE["raised_margin"])
     assert share(5.0, 5000) == pytest.approx(SETTINGS["locate_share"])
     assert share(1.0, 569) == 0.0
     b = load_breast_cancer()

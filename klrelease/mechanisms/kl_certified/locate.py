@@ -55,11 +55,11 @@ LOCATE = {
     # standard deviations of the first round's counts inside it) widens the located scale
     "spilled": 0.1,
     "spilled_z": 4.0,
-    # a share raised above the base one (``locate_share``, too small for the rows) must
-    # locate them with this margin (``can_locate``); the shares tried: a geometric ladder of
-    # this many steps from the base share to ``locate_max``
+    # the shares tried, least first: a geometric ladder of this many points from the base
+    # share (``locate_share``) to ``locate_max`` (``mechanism.release_budget``); a share above
+    # the base one must locate the rows with this margin (``can_locate``)
+    "shares": 12,
     "raised_margin": 1.5,
-    "raised_steps": 12,
 }
 
 
@@ -251,7 +251,8 @@ def spilled(pub, output: dict, window: Window) -> np.ndarray:
     columns = np.arange(bins)[None, :]
     inside = np.where((columns >= lo[:, None]) & (columns < hi[:, None]), first, 0.0).sum(axis=1)
     noise = LOCATE["spilled_z"] * pub.locate_sd * np.sqrt(np.maximum(hi - lo, 1))
-    return (n - inside) >= np.maximum(LOCATE["spilled"] * n, noise)
+    # a window that is the whole bound has no row beyond it
+    return ((lo > 0) | (hi < bins)) & ((n - inside) >= np.maximum(LOCATE["spilled"] * n, noise))
 
 
 def unplaced(pub, output: dict, window: Window, scale: np.ndarray) -> np.ndarray:
