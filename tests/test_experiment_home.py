@@ -146,3 +146,20 @@ def test_the_heldout_sweep_counts_a_rise_beyond_its_noise():
     text = _sweep_markdown(table, 8, "cmd")
     assert text.count("sets with a rise: 1 of 3: rises (1 -> 2") == 2  # both relations
     assert "median E[KL] 0.5; 2 sets above 0.05, 0 above 0.5" in text
+
+
+def test_the_heldout_loose_study_counts_ratios_and_accuracy_below_majority():
+    from klrelease.experiments.certified import _heldout_loose_markdown
+
+    def row(name, box, kl, acc, located=True):
+        return {"dataset": name, "box": box, "epsilon": 1.0, "kl": kl, "accuracy": acc,
+                "accuracy_se": 0.01, "majority": 0.6, "located": located}
+
+    table = [row("near", 1.5, 1.0, 0.9), row("near", 100.0, 1.4, 0.9),
+             row("far", 1.5, 1.0, 0.9), row("far", 100.0, 50.0, 0.5, located=False),
+             row("edge", 1.5, 2.0, 0.59), row("edge", 100.0, 3.0, 0.59)]
+    text = _heldout_loose_markdown(table, 8, "cmd")
+    # near (1.4) and edge (1.5) within 1.5x, far not; far not located; far's x100 release is
+    # below the majority beyond its noise, edge's is within it
+    assert "| 1 | 2 of 3 | 1.5 | 2 | 0 / 1 |" in text, text
+    assert "| far | 1 / 50 |" in text and "| near | 1 / 1.4 L |" in text
