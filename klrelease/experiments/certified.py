@@ -270,6 +270,26 @@ def loose_datasets():
     yield "breast-cancer", b.data.astype(float), b.target, "569 rows, d = 30"
 
 
+def _replace_one_cell(data, X, y, ref, eps: float, draws: int) -> dict:
+    """Seeded replace-one releases of ``data`` at ``eps``: mean E[KL] to ``ref`` and the
+    released models' accuracy on the rows (with standard errors), and whether the rows were
+    located."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = plan(data, None, epsilon=eps, delta=DELTA, adjacency="replace-one")
+        rng = np.random.default_rng(SEED)
+        kls, accs = [], []
+        for _ in range(draws):
+            g = p.draw(rng)
+            kls.append(kl_divergence(g, ref))
+            accs.append(float(np.mean(g.predict(X) == np.asarray(g.classes)[y])))
+    kls, accs = np.array(kls), np.array(accs)
+    return {"kl": float(kls.mean()), "kl_se": float(kls.std(ddof=1) / np.sqrt(draws)),
+            "accuracy": float(accs.mean()),
+            "accuracy_se": float(accs.std(ddof=1) / np.sqrt(draws)),
+            "located": bool(p.public.budget.locate > 0)}
+
+
 def run_loose_bounds(out: Path, *, quick: bool = False, trials: int | None = None,
                      log=print) -> Path:
     """Run the loose-bounds study; write ``loose_bounds.csv`` and ``loose_bounds.md`` under
@@ -287,20 +307,8 @@ def run_loose_bounds(out: Path, *, quick: bool = False, trials: int | None = Non
                                     bounds=_box(X, width))
             for eps in epsilons:
                 t0 = time.perf_counter()
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    p = plan(data, None, epsilon=eps, delta=DELTA, adjacency="replace-one")
-                    rng = np.random.default_rng(SEED)
-                    kls, accs = [], []
-                    for _ in range(draws):
-                        g = p.draw(rng)
-                        kls.append(kl_divergence(g, ref))
-                        accs.append(float(np.mean(g.predict(X) == np.asarray(g.classes)[y])))
-                kls, accs = np.array(kls), np.array(accs)
                 row = {"dataset": name, "note": note, "box": width, "epsilon": eps,
-                       "kl": kls.mean(), "kl_se": kls.std(ddof=1) / np.sqrt(draws),
-                       "accuracy": accs.mean(), "accuracy_se": accs.std(ddof=1) / np.sqrt(draws),
-                       "majority": majority, "located": bool(p.public.budget.locate > 0),
+                       **_replace_one_cell(data, X, y, ref, eps, draws), "majority": majority,
                        "draws": draws, "seconds": round(time.perf_counter() - t0, 2)}
                 rows.append(row)
                 log(f"{name:14s} box x{width:<5g} eps={eps:<5g} E[KL] = {row['kl']:.4g} "
@@ -636,21 +644,10 @@ def run_heldout_loose(out: Path, *, quick: bool = False, trials: int | None = No
             data = as_labelled_data(X, y, classes=range(K), min_class_size=0,
                                     bounds=_box(X, width))
             for eps in epsilons:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    p = plan(data, None, epsilon=eps, delta=DELTA, adjacency="replace-one")
-                    rng = np.random.default_rng(SEED)
-                    kls, accs = [], []
-                    for _ in range(draws):
-                        g = p.draw(rng)
-                        kls.append(kl_divergence(g, ref))
-                        accs.append(float(np.mean(g.predict(X) == np.asarray(g.classes)[y])))
+                cell = _replace_one_cell(data, X, y, ref, eps, draws)
                 rows.append({"dataset": name, "box": width, "epsilon": eps, "draws": draws,
-                             "kl": float(np.mean(kls)), "accuracy": float(np.mean(accs)),
-                             "accuracy_se": float(np.std(accs, ddof=1) / np.sqrt(draws)),
-                             "majority": majority,
-                             "located": bool(p.public.budget.locate > 0)})
-                log(f"{name:30s} box x{width:<5g} eps={eps:<4g} E[KL] = {np.mean(kls):.4g}")
+                             **cell, "majority": majority})
+                log(f"{name:30s} box x{width:<5g} eps={eps:<4g} E[KL] = {cell['kl']:.4g}")
     _write_csv(folder / "heldout_loose.csv", rows)
     (folder / "heldout_loose.md").write_text(_heldout_loose_markdown(rows, draws, command))
     return folder
