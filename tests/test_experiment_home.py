@@ -153,7 +153,8 @@ def test_the_heldout_loose_study_counts_ratios_and_accuracy_below_majority():
 
     def row(name, box, kl, acc, located=True):
         return {"dataset": name, "box": box, "epsilon": 1.0, "kl": kl, "accuracy": acc,
-                "accuracy_se": 0.01, "majority": 0.6, "located": located}
+                "accuracy_se": 0.01, "majority": 0.6, "located": located,
+                "fit_accuracy": 0.55 if name == "edge" else 0.9}
 
     table = [row("near", 1.5, 1.0, 0.9), row("near", 100.0, 1.4, 0.9),
              row("far", 1.5, 1.0, 0.9), row("far", 100.0, 50.0, 0.5, located=False),
@@ -163,3 +164,4 @@ def test_the_heldout_loose_study_counts_ratios_and_accuracy_below_majority():
     # below the majority beyond its noise, edge's is within it
     assert "| 1 | 2 of 3 | 1.5 | 2 | 0 / 1 |" in text, text
     assert "| far | 1 / 50 |" in text and "| near | 1 / 1.4 L |" in text
+    assert "worse than the majority class on 1 of 3 sets (edge)" in text
