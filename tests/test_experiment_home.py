@@ -148,12 +148,12 @@ def test_the_heldout_sweep_counts_a_rise_beyond_its_noise():
     assert "median E[KL] 0.5; 2 sets above 0.05, 0 above 0.5" in text
 
 
-def test_the_heldout_loose_study_counts_ratios_and_accuracy_below_majority():
-    from klrelease.experiments.certified import _heldout_loose_markdown
+def test_the_heldout_loose_study_counts_ratios_and_accuracy_below_majority(tmp_path):
+    from klrelease.experiments.certified import _heldout_loose_markdown, _heldout_loose_plot
 
     def row(name, box, kl, acc, located=True):
-        return {"dataset": name, "box": box, "epsilon": 1.0, "kl": kl, "accuracy": acc,
-                "accuracy_se": 0.01, "majority": 0.6, "located": located,
+        return {"dataset": name, "rows": 500, "box": box, "epsilon": 1.0, "kl": kl,
+                "accuracy": acc, "accuracy_se": 0.01, "majority": 0.6, "located": located,
                 "fit_accuracy": 0.55 if name == "edge" else 0.9}
 
     table = [row("near", 1.5, 1.0, 0.9), row("near", 100.0, 1.4, 0.9),
@@ -165,3 +165,5 @@ def test_the_heldout_loose_study_counts_ratios_and_accuracy_below_majority():
     assert "| 1 | 2 of 3 | 1.5 | 2 | 0 / 1 |" in text, text
     assert "| far | 1 / 50 |" in text and "| near | 1 / 1.4 L |" in text
     assert "worse than the majority class on 1 of 3 sets (edge)" in text
+    _heldout_loose_plot(table, tmp_path / "loose.png")
+    assert (tmp_path / "loose.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

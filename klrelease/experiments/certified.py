@@ -646,12 +646,48 @@ def run_heldout_loose(out: Path, *, quick: bool = False, trials: int | None = No
                                     bounds=_box(X, width))
             for eps in epsilons:
                 cell = _replace_one_cell(data, X, y, ref, eps, draws)
-                rows.append({"dataset": name, "box": width, "epsilon": eps, "draws": draws,
-                             **cell, "majority": majority, "fit_accuracy": fit})
+                rows.append({"dataset": name, "rows": X.shape[0], "features": X.shape[1],
+                             "box": width, "epsilon": eps, "draws": draws, **cell,
+                             "majority": majority, "fit_accuracy": fit})
                 log(f"{name:30s} box x{width:<5g} eps={eps:<4g} E[KL] = {cell['kl']:.4g}")
     _write_csv(folder / "heldout_loose.csv", rows)
     (folder / "heldout_loose.md").write_text(_heldout_loose_markdown(rows, draws, command))
+    _heldout_loose_plot(rows, folder / "heldout_loose.png")
     return folder
+
+
+def _heldout_loose_plot(rows, path: Path) -> None:
+    """E[KL] with the x100 box over E[KL] with the x1.5 box against N, one panel per eps;
+    filled: located with the x100 box."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tight, loose = WIDTHS
+    cell = {(r["dataset"], r["box"], r["epsilon"]): r for r in rows}
+    epsilons = sorted({r["epsilon"] for r in rows})
+    fig, axes = plt.subplots(1, len(epsilons), figsize=(3.6 * len(epsilons), 3.6),
+                             sharey=True, squeeze=False)
+    for ax, e in zip(axes[0], epsilons, strict=True):
+        for located, face in ((True, "tab:blue"), (False, "none")):
+            pts = [(r["rows"], cell[(r["dataset"], loose, e)]["kl"]
+                    / max(cell[(r["dataset"], tight, e)]["kl"], 1e-300))
+                   for r in rows if r["box"] == loose and r["epsilon"] == e
+                   and r["located"] == located]
+            if pts:
+                n, ratio = zip(*pts, strict=True)
+                ax.scatter(n, np.clip(ratio, 1e-2, 1e8), s=18, facecolors=face,
+                           edgecolors="tab:blue",
+                           label="located" if located else "not located")
+        ax.axhline(1.5, color="grey", linestyle="--", linewidth=0.8)
+        ax.set(xscale="log", yscale="log", title=f"eps = {e:g}", xlabel="rows N")
+    axes[0][0].set_ylabel(f"E[KL] box x{loose:g} / box x{tight:g}")
+    axes[0][0].legend(fontsize=8, loc="upper right")
+    fig.suptitle("kl-certified, replace-one, held-out sets: the cost of a loose box", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _heldout_loose_markdown(rows, draws, command) -> str:
