@@ -1046,6 +1046,10 @@ def test_replace_one_raises_the_locating_share_when_the_rows_are_few():
         data = kr.as_labelled_data(X, y, classes=range(2), min_class_size=0,
                                    bounds=(c - width * h, c + width * h))
         p = kr.plan(data, None, epsilon=5.0, delta=1e-5, adjacency="replace-one")
+        # the artifact's budget names every share, the locating one included
+        spent = p.public_options["budget"]
+        assert spent["locate"] == pytest.approx(np.sqrt(ladder[i]) * spent["mu"])
+        assert sum(v**2 for k, v in spent.items() if k != "mu") == pytest.approx(spent["mu"]**2)
         draws = [p.draw(np.random.default_rng(s)) for s in range(6)]
         kl[width] = np.mean([kr.kl_divergence(g, ref) for g in draws])
         acc[width] = np.mean([np.mean(g.predict(X) == y) for g in draws])

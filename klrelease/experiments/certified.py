@@ -705,7 +705,7 @@ def _heldout_loose_markdown(rows, draws, command) -> str:
              "| eps | ratio <= 1.5 | median ratio | located (x100) | below majority x1.5 / "
              "x100 |", "|---|---|---|---|---|"]
     fit_below = {s for s in sets
-                 if cell[(s, tight, epsilons[0])].get("fit_accuracy", 1.0)
+                 if cell[(s, tight, epsilons[0])]["fit_accuracy"]
                  < cell[(s, tight, epsilons[0])]["majority"]}
     for e in epsilons:
         ratio = np.array([cell[(s, loose, e)]["kl"] / max(cell[(s, tight, e)]["kl"], 1e-300)

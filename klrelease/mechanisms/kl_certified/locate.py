@@ -244,7 +244,7 @@ def spilled(pub, output: dict, window: Window) -> np.ndarray:
     first = np.asarray(output["locate_1"], dtype=float)
     bound = first_window(pub)
     bins = first.shape[1]
-    width = np.where(bound.hi > bound.lo, (bound.hi - bound.lo) / bins, 1.0)
+    width = (bound.hi - bound.lo) / bins  # the bound's window: [-1, 1] or [-sqrt d, sqrt d]
     # the window's edges are edges of the first round's bins (:func:`occupied`)
     lo = np.clip(np.rint((window.lo - bound.lo) / width), 0, bins).astype(int)
     hi = np.clip(np.rint((window.hi - bound.lo) / width), 0, bins).astype(int)

@@ -1346,6 +1346,7 @@ class KLCertified(Mechanism):
             "budget": {"mu": pub.budget.mu, "counts": pub.budget.counts,
                        "sums": pub.budget.sums, "scatter": pub.budget.scatter,
                        "classes": pub.budget.classes,
+                       **({"locate": pub.budget.locate} if pub.budget.locate > 0 else {}),
                        **({"counts_all": pub.budget.counts_all}
                           if pub.budget.counts_all > 0 else {})},
             "classes_declared": declared,
