@@ -695,7 +695,7 @@ def test_a_draw_decomposes_a_bounded_number_of_d_by_d_matrices(n, eps, options, 
     assert count[0] <= 7 * K * rounds
 
 
-def test_class_responsibilities_match_their_definition():
+def test_class_responsibilities_match_their_definition(monkeypatch):
     """Each public row's posterior with every class's own covariance (products with the
     inverse Cholesky factors, class by class in blocks of rows) equals the normalised
     Gaussian densities computed directly; a covariance without a factor gives the fallback."""
@@ -714,14 +714,22 @@ def test_class_responsibilities_match_their_definition():
                      for k in range(3)], axis=1)
     ref = np.exp(logp - logp.max(axis=1, keepdims=True))
     ref /= ref.sum(axis=1, keepdims=True)
-    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+    # the products run in single precision (design.single_rows): float32's rounding
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
+    # with single precision ruled out (products that could overflow it), the same in double
+    monkeypatch.setattr(design, "SINGLE_REACH", 0.0)
+    exact = replace(pub, public_index=pub.public_index)  # a fresh cache
+    assert design.single_rows(exact, means[0], None) is exact.public_rows
+    np.testing.assert_allclose(design.class_responsibilities(exact, n, means, covs, None), ref,
+                               rtol=1e-9, atol=1e-12)
     # a covariance without a Cholesky factor: the fallback
     bad = covs.copy()
     bad[1] = -np.eye(5)
     assert design.class_responsibilities(pub, n, means, bad, "fallback") == "fallback"
 
 
-def test_tail_corrections_and_public_shapes_match_their_definitions():
+@pytest.mark.parametrize("single", [True, False])
+def test_tail_corrections_and_public_shapes_match_their_definitions(single, monkeypatch):
     """The clipped rows' corrections (only rows of non-zero posterior, only clipped rows, one
     Gram of ``(1 - ||v||^2/||u||^2) u u^T``) and the public class shapes (a Gram of the
     rows scaled by the root of their posterior) equal the sums over every row."""
@@ -731,6 +739,11 @@ def test_tail_corrections_and_public_shapes_match_their_definitions():
     pub = p.public
     first = design.stage_c_design(pub, p.sample(np.random.default_rng(1)))
     reg, resp, T = first["regions"], first["resp"], design.public_sample(pub)
+    # single-precision products (design.single_rows): float32's rounding, relative to the
+    # largest entry; in double precision (products that could overflow float32) exact
+    tol = 1e-5 if single else 1e-10
+    if not single:
+        monkeypatch.setattr(design, "SINGLE_REACH", 0.0)
     E1, E2 = design.tail_corrections(pub, reg, resp)
     shapes = design.public_shapes(pub, resp, first["m1"], first["pooled"])
     scale = pub.n_samples / T.shape[0]
@@ -739,14 +752,14 @@ def test_tail_corrections_and_public_shapes_match_their_definitions():
         V = clip_to_norm(U, reg.radius[k])
         w = resp[:, k:k + 1] * scale
         assert np.any(np.any(U != V, axis=1))
-        np.testing.assert_allclose(E1[k], np.sum(w * (U - V), axis=0), rtol=1e-10,
-                                   atol=1e-10 * np.abs(E1[k]).max())
+        np.testing.assert_allclose(E1[k], np.sum(w * (U - V), axis=0), rtol=0,
+                                   atol=tol * np.abs(E1[k]).max())
         ref = (U * w).T @ U - (V * w).T @ V
-        np.testing.assert_allclose(E2[k], ref, rtol=0, atol=1e-10 * np.abs(ref).max())
+        np.testing.assert_allclose(E2[k], ref, rtol=0, atol=tol * np.abs(ref).max())
         D = T - first["m1"][k]
         S = (D * resp[:, k:k + 1]).T @ D / resp[:, k].sum()
         ref = 0.5 * (S + S.T) + 1e-3 * first["pooled"]
-        np.testing.assert_allclose(shapes[k], ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+        np.testing.assert_allclose(shapes[k], ref, rtol=0, atol=tol * np.abs(ref).max())
 
 
 @pytest.mark.parametrize("relation", ["label-flip", "replace-one"])

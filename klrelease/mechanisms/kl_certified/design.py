@@ -45,7 +45,7 @@ from scipy.stats import chi2
 from ...linalg import combine_one, vech
 from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.projections import project_simplex
-from ...rows import affine_rows, clip_to_norm, row_block
+from ...rows import affine_rows, row_block
 
 __all__ = [
     "Budget",
@@ -343,6 +343,9 @@ class PublicInputs:
     #: one-pass streamed release: the released ``counts`` are the sample's, scaled (their
     #: noise too), and the last pass releases every row's counts (``counts_all``)
     counts_sampled: bool = False
+    #: values computed once from the fields above (:func:`single_rows`); not copied by
+    #: ``dataclasses.replace``
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def label_flip(self) -> bool:
@@ -644,6 +647,41 @@ def _public_count(pub: PublicInputs) -> int:
     return (pub.public_rows if index is None else index).shape[0]
 
 
+#: Single-precision products of the public rows (:func:`single_rows`) are taken only when
+#: every sum of their squares is below this (float32 overflows at 3.4e38, 2^128); their
+#: relative rounding, about 6e-8 per term, is far below the estimates' own sampling error.
+SINGLE_REACH = 2.0 ** 120
+
+
+def single_rows(pub: PublicInputs, centre: np.ndarray, W: np.ndarray | None = None,
+                weight: float = 1.0) -> np.ndarray:
+    """The public rows (``pub.public_rows``) for the products ``u = (t - c) W`` (``W`` the
+    identity when ``None``) and weighted sums of their squares (Grams, squared norms): in
+    single precision (twice the speed of the products) when every such sum over the rows,
+    with weights at most ``weight``, stays below :data:`SINGLE_REACH`, else the rows
+    themselves. Converted once per :class:`PublicInputs` (one release's posteriors, shapes
+    and tail corrections read the same rows several times)."""
+    got = pub._cache.get("single")
+    if got is None:
+        T = pub.public_rows
+        with np.errstate(all="ignore"):
+            top = max(float(np.max(T, initial=0.0)), -float(np.min(T, initial=0.0)))
+        got = pub._cache["single"] = (top, None)
+    top, T32 = got
+    d = max(pub.n_features, 1)
+    with np.errstate(all="ignore"):
+        entry = top + float(np.max(np.abs(centre), initial=0.0))
+        if W is not None:
+            entry *= float(np.max(np.abs(W), initial=0.0)) * d
+        reach = entry * entry * d * max(pub.public_rows.shape[0], 1) * max(weight, 1.0)
+    if not (np.isfinite(reach) and reach <= SINGLE_REACH):
+        return pub.public_rows
+    if T32 is None:
+        T32 = pub.public_rows.astype(np.float32)
+        pub._cache["single"] = (top, T32)
+    return T32
+
+
 #: Public rows whose posterior for a class is at most this add nothing to its shape or tail
 #: correction (their share of either is below this fraction of one row's: far rows of other
 #: classes, which would otherwise cost as much arithmetic as the class's own).
@@ -682,23 +720,26 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     has no Cholesky factor. Post-processing of released values and public features."""
     if _public_count(pub) == 0:
         return None
-    T = pub.public_rows  # every stored row: row by row the same values
     lw = np.log(np.maximum(n / n.sum(), 1e-300))
-    L = np.empty((T.shape[0], len(n)))
-    d = T.shape[1]
+    L = np.empty((pub.public_rows.shape[0], len(n)))
+    d = pub.n_features
     step = row_block(d)
     try:
         for k in range(len(n)):
             ch = np.linalg.cholesky(0.5 * (covs[k] + covs[k].T))
-            # z = ch^-1 (t - m_k) for every row: one product with the factor's inverse per
-            # block of rows (a matrix product, several times faster than a triangular solve
-            # with many right-hand sides)
+            # z = ch^-1 (t - m_k) for every row (every stored row: row by row the same
+            # values): one product with the factor's inverse per block of rows (a matrix
+            # product, several times faster than a triangular solve with many right-hand
+            # sides), in single precision where it cannot overflow
             inv_t = solve_triangular(ch, np.eye(d), lower=True, check_finite=False).T
+            T = single_rows(pub, means[k], inv_t)
+            inv_t, m = inv_t.astype(T.dtype), means[k].astype(T.dtype)
             L[:, k] = lw[k] - np.log(np.diag(ch)).sum()
-            for a in range(0, T.shape[0], step):
-                z = affine_rows(T[a:a + step], means[k], inv_t)
-                L[a:a + step, k] -= 0.5 * np.einsum("ij,ij->i", z, z)
-                del z
+            with np.errstate(all="ignore"):  # an overflow is caught as a non-finite L below
+                for a in range(0, T.shape[0], step):
+                    z = (T[a:a + step] - m) @ inv_t
+                    L[a:a + step, k] -= 0.5 * np.einsum("ij,ij->i", z, z)
+                    del z
     except np.linalg.LinAlgError:
         return fallback
     if getattr(pub, "public_index", None) is not None:
@@ -753,14 +794,18 @@ def public_shape(pub: PublicInputs, resp: np.ndarray, means: np.ndarray, pooled:
     w = resp.sum(axis=0)[k] if weight is None else weight
     step = row_block(d)
     on = np.flatnonzero(resp[:, k] > NEGLIGIBLE_POSTERIOR)
+    T = single_rows(pub, means[k])
+    index = getattr(pub, "public_index", None)
+    m = means[k].astype(T.dtype)
     S = np.zeros((d, d))
-    for a in range(0, on.size, step):  # in blocks of rows: bounded memory
-        b = on[a:a + step]
-        A = public_sample(pub, b)
-        A -= means[k]
-        A *= np.sqrt(resp[b, k:k + 1])
-        S += A.T @ A  # a Gram of one array: a symmetric rank-k update
-        del A
+    with np.errstate(all="ignore"):  # an overflow leaves a non-finite shape, checked later
+        for a in range(0, on.size, step):  # in blocks of rows: bounded memory
+            b = on[a:a + step]
+            A = np.take(T, b if index is None else index[b], axis=0)
+            A -= m
+            A *= np.sqrt(resp[b, k:k + 1]).astype(T.dtype)
+            S += A.T @ A  # a Gram of one array: a symmetric rank-k update
+            del A
     S /= max(w, 1e-300)
     o = np.add(S, S.T, out=out)
     del S
@@ -779,29 +824,29 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     scale = pub.n_samples / _public_count(pub)
     E1, E2 = np.zeros((K, d)), np.zeros((K, d, d))
     step = row_block(d)
+    index = getattr(pub, "public_index", None)
     for k in range(K):
         on = np.flatnonzero(resp[:, k] > NEGLIGIBLE_POSTERIOR)
-        # rows well inside the ball are their own clip: only the others are clipped (a
-        # superset of the rows that move)
-        inside = (reg.radius[k] * (1.0 - 1e-9)) ** 2
+        r = float(reg.radius[k])
+        T = single_rows(pub, reg.centres[k], reg.W[k], scale)
+        c, W = reg.centres[k].astype(T.dtype), reg.W[k].astype(T.dtype)
         for a in range(0, on.size, step):  # in blocks of rows: bounded memory
             b = on[a:a + step]
-            D = public_sample(pub, b)
-            D -= reg.centres[k]
-            U = D @ reg.W[k]
+            D = np.take(T, b if index is None else index[b], axis=0)
+            D -= c
+            U = D @ W
             del D
-            near = np.flatnonzero(np.einsum("ij,ij->i", U, U) > inside)
-            U = U[near]
-            V = clip_to_norm(U, reg.radius[k])
-            # a row inside the ball is its own clip: only the clipped rows contribute
-            out = np.flatnonzero(np.any(U != V, axis=1))
-            U, V = U[out], V[out]
-            w = resp[b[near[out]], k:k + 1] * scale
-            E1[k] += np.sum(w * (U - V), axis=0)
-            # u u^T - v v^T = (1 - ||v||^2 / ||u||^2) u u^T (v is u scaled): one Gram
-            shrink = 1.0 - np.einsum("ij,ij->i", V, V) / np.einsum("ij,ij->i", U, U)
-            A = U * np.sqrt(w * np.maximum(shrink, 0.0)[:, None])
-            E2[k] += A.T @ A
+            with np.errstate(all="ignore"):  # (double-precision rows beyond the float range)
+                q = np.einsum("ij,ij->i", U, U).astype(np.float64)
+                # a row inside the ball is its own clip: only the others contribute. The clip
+                # scales u by f = r / ||u||: u - v = (1 - f) u, u u^T - v v^T = (1 - f^2) u u^T
+                out = np.flatnonzero(q > r * r)
+                U = U[out]
+                f = r / np.sqrt(q[out])
+                w = resp[b[out], k] * scale
+                E1[k] += (w * (1.0 - f)).astype(U.dtype) @ U
+                U *= np.sqrt(w * np.maximum(1.0 - f * f, 0.0)).astype(U.dtype)[:, None]
+                E2[k] += U.T @ U
     return E1, E2
 
 
