@@ -1088,6 +1088,15 @@ def _blend(C: np.ndarray, T: np.ndarray, a: float, out: np.ndarray | None = None
     return out
 
 
+def _positive_definite(S: np.ndarray) -> bool:
+    """Whether the symmetric ``S`` has a Cholesky factor (positive definite)."""
+    try:
+        np.linalg.cholesky(S)
+    except np.linalg.LinAlgError:
+        return False
+    return True
+
+
 def _class_floor(settings: dict, tmin: float) -> float:
     """The eigenvalue floor of a class covariance: ``class_floor`` times the smallest
     eigenvalue ``tmin`` of its target (times 1 where that is not positive)."""
@@ -1199,6 +1208,14 @@ def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.
             reg = replace(reg, shape=shapes)
     out = np.empty((K, d, d)) if out is None else out
     for k in range(K):
+        if pooled is None and not released[k]:
+            # the target alone, floored at a fraction of its own smallest eigenvalue (in
+            # the region, a congruence of it): a positive definite target is its own floor,
+            # no map into the region and back (five d x d products and a decomposition)
+            t = 0.5 * (targets[k] + targets[k].T)
+            if np.all(np.isfinite(t)) and _positive_definite(t):
+                out[k] = t
+                continue
         T = reg.W[k] @ targets[k] @ reg.W[k]  # the target in the class's region
         alt = None
         if pooled is not None:
@@ -1408,17 +1425,28 @@ def harmonic_targets(shapes: np.ndarray, P: np.ndarray, classes: np.ndarray) -> 
     covariance. The blend averages precisions, not covariances: it is thin wherever either
     is (the KL divergence of a released class from its data punishes an overestimated variance
     more than an underestimated one), and it is the pooled covariance where the public shape
-    agrees with it. Computed as ``2 S (S + P)^-1 P`` (one Cholesky factor per class, no
-    inverse); where ``S + P`` has none, in ``P``'s whitened frame by one decomposition."""
-    from scipy.linalg import cho_factor, cho_solve
-
+    agrees with it. Computed as ``2 (P - P (S + P)^-1 P) = 2 (P - M^T M)`` with
+    ``M = L^-1 P`` and ``L`` the Cholesky factor of ``S + P`` (one factor, one triangular
+    solve and one Gram per class, no inverse; symmetric by construction); where ``S + P``
+    has none, in ``P``'s whitened frame by one decomposition."""
+    P = 0.5 * (P + P.T)
     for k in classes:
         S = shapes[k]
-        try:
-            H = S @ cho_solve(cho_factor(S + P, check_finite=True), P, check_finite=False)
-        except (np.linalg.LinAlgError, ValueError):
+        H = None
+        if np.all(np.isfinite(S)):
+            try:
+                L = np.linalg.cholesky(0.5 * (S + S.T) + P)
+                M = solve_triangular(L, P, lower=True, check_finite=False)
+                del L
+                H = M.T @ M  # a Gram of one array: a symmetric rank-k update
+                del M
+                np.subtract(P, H, out=H)
+                H *= 2.0
+            except np.linalg.LinAlgError:
+                H = None
+        if H is None or not np.all(np.isfinite(H)):
             H = _harmonic_by_eig(S, P)
-        H += H.T  # 2 x its symmetric part
+            H += H.T  # 2 x its symmetric part
         shapes[k] = H
 
 
