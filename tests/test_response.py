@@ -137,6 +137,35 @@ def test_response_design_shrinks_the_noisy_mean_of_a_small_class(monkeypatch):
     np.testing.assert_allclose(out, [[1.0, 1.0, 1.0], m[1]])  # total: infinite or NaN energy
 
 
+def test_response_floor_follows_the_reports_noise_and_vanishes_with_it(monkeypatch):
+    """A class whose covariance is thin along one feature: the reported labels' noise (a few
+    rows of the wide class reported into it) hides that direction, and the release's floor
+    there is a fraction (``response_noise_floor``) of the noise's spectral scale: ten times
+    lower at 0.1 than at 1 on the same reports, and closer to the class's own variance; as
+    epsilon grows the floor vanishes and the released variance is the class's."""
+    from klrelease.mechanisms.kl_certified import design
+
+    rng = np.random.default_rng(11)
+    n = 3000
+    codes = np.repeat([0, 1], n // 2)
+    X = rng.normal(size=(n, 3)) * np.where(codes[:, None] == 0, [1.0, 1.0, 30.0],
+                                           [1.0, 1.0, 0.01])
+    data = kr.as_labelled_data(X, codes, classes=[0, 1])
+    true = np.var(X[codes == 1, 2], ddof=1)
+
+    def thin(epsilon, floor):
+        with monkeypatch.context() as mp:
+            mp.setitem(design.SETTINGS, "response_noise_floor", floor)
+            p = kr.plan(data, None, epsilon=epsilon, delta=1e-5, design="response")
+            out = p.sample(np.random.default_rng(2))
+            return float(p.finalize(out).covariances[1][2, 2])
+
+    hi, lo = thin(5.0, 1.0), thin(5.0, 0.1)
+    assert lo < 0.2 * hi, (lo, hi)
+    assert abs(np.log(lo / true)) < abs(np.log(hi / true)), (lo, hi, true)
+    assert thin(60.0, 0.1) == pytest.approx(true, rel=0.05)
+
+
 def test_dp_event_is_pure_epsilon_in_dp_accounting():
     import dp_accounting
     from dp_accounting.pld import PLDAccountant

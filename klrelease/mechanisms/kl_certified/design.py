@@ -107,6 +107,12 @@ SETTINGS = {
     # response design: this x the James-Stein shrinkage (randomized response's noise is a few
     # far rows, not Gaussian: full shrinkage would bias the many draws with little noise)
     "response_shrink": 0.5,
+    # response design: the eigenvalue floor is at most this x the spectral scale of a
+    # Gaussian matrix of the same noise energy. Randomized response's noise is a sum of a few
+    # rows' outer products: most directions hold far less of it than that spectral norm
+    # (measured on 65 sets at eps 5: 1.0 -> 0.1 lowered E[KL] 3% in geometric mean,
+    # heplots.TIPI 3.0 -> 0.46, no set worse by more than 5%; one at eps 2 by 21%)
+    "response_noise_floor": 0.1,
 }
 
 
@@ -1584,7 +1590,8 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
     posterior under the debiased model with those means; the pooled covariance where that is
     degenerate) by the ratio of its known noise energy to its distance from the target
     (James-Stein), and its eigenvalues are floored at a tenth of the target's variance in each
-    direction, or the noise's spectral scale if that is smaller, times the expected number of
+    direction, or a tenth of the noise's spectral scale (``response_noise_floor``) if that is
+    smaller, times the expected number of
     rows whose report moves the class when that is below one (most draws then move none: the
     noise is rare, not small): a level that falls with that noise. As epsilon grows the noise,
     the shrinkage and the floor vanish: the release becomes the non-private fit.
@@ -1641,15 +1648,15 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
         Ck = _blend(C[k], T, a)
         # eigenvalues floored, direction by direction, at a fraction of the target's variance
         # there (the public shape: the scale a class plausibly has in that direction), at most
-        # the noise's spectral scale, so that the floor vanishes with the noise
+        # a fraction of the noise's spectral scale, so that the floor vanishes with the noise
         Cs = Ck + Ck.T
         del Ck
         Cs *= 0.5
         vals, vecs = np.linalg.eigh(Cs)
         del Cs
         prior = np.einsum("ji,ji->i", vecs, T @ vecs)
-        spectral = (s["noise_floor"] * np.sqrt(max(nu[k], 0.0) / free) * np.sqrt(2.0 * d)
-                    * moved[k] if np.isfinite(nu[k]) else np.inf)
+        spectral = (s["response_noise_floor"] * np.sqrt(max(nu[k], 0.0) / free)
+                    * np.sqrt(2.0 * d) * moved[k] if np.isfinite(nu[k]) else np.inf)
         floor = np.maximum(np.minimum(s["class_floor"] * prior, spectral),
                            1e-12 * max(float(np.abs(np.diag(T)).max()), 1e-300))
         del T
