@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["affine_rows", "clip_to_norm", "clip_to_bounds", "within_bounds", "column_sums",
-           "column_extremes",
+__all__ = ["affine_rows", "clip_to_norm", "clip_to_bounds", "column_sums", "column_extremes",
            "class_blocks", "ROW_BLOCK", "BLOCK_VALUES", "row_block"]
 
 
@@ -170,14 +169,6 @@ def _clip_rows_scaled(Y: np.ndarray, bound: float) -> np.ndarray:
         S = np.where(np.isinf(Y[infinite]), np.sign(Y[infinite]), 0.0)
         out[infinite] = S * (bound / np.sqrt(np.sum(S != 0, axis=1)))[:, None]
     return np.where(np.isnan(m)[:, None], Y, out)
-
-
-def within_bounds(X: np.ndarray, lower, upper) -> bool:
-    """Whether every entry of ``X`` (n, d) lies in its feature's interval ``[lower, upper]``
-    (then :func:`clip_to_bounds` is the identity on ``X``); ``False`` on a NaN. Two column
-    reductions (:func:`column_extremes`), several times cheaper than the clip's new array."""
-    lo, hi = column_extremes(X)
-    return bool(np.all(lo >= lower) and np.all(hi <= upper))
 
 
 def clip_to_bounds(X: np.ndarray, lower, upper, out: np.ndarray | None = None) -> np.ndarray:

@@ -45,7 +45,6 @@ from ...rows import (
     clip_to_norm,
     column_sums,
     row_block,
-    within_bounds,
 )
 from ...stream.moments import pooled_moments, sorted_bounded_moments
 from ...stream.sources import CHANGED, SourceReadError
@@ -487,8 +486,7 @@ class _FusedRegionClip:
     upper: np.ndarray | None = None
 
     def __call__(self, X: np.ndarray, k: int) -> np.ndarray:
-        # (a block of rows inside the box is its own clip: the same values without a copy)
-        if self.lower is not None and not within_bounds(X, self.lower, self.upper):
+        if self.lower is not None:
             X = clip_to_bounds(X, self.lower, self.upper)  # a new array: X is the data
         return clip_to_norm(affine_rows(X, self.offsets[k], self.V[k]), self.radii[k],
                             inplace=True)  # the product is this map's own array
