@@ -716,10 +716,25 @@ def test_class_responsibilities_match_their_definition(monkeypatch):
     ref /= ref.sum(axis=1, keepdims=True)
     # the products run in single precision (design.single_rows): float32's rounding
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
+    assert design.single_precision(pub, means[0], np.eye(5)) is np.float32
+    # a covariance thin along one direction (its factor's diagonal spread beyond
+    # POSTERIOR_SPREAD): the products in double precision, exact
+    thin = covs.copy()
+    for k in range(3):
+        thin[k][4, :] *= 1e-4
+        thin[k][:, 4] *= 1e-4
+    assert np.diag(np.linalg.cholesky(thin[0])).max() > 1e3 * np.diag(
+        np.linalg.cholesky(thin[0])).min()
+    logp = np.stack([np.log(n[k] / n.sum()) + multivariate_normal(means[k], thin[k]).logpdf(T)
+                     for k in range(3)], axis=1)
+    want = np.exp(logp - logp.max(axis=1, keepdims=True))
+    want /= want.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(design.class_responsibilities(pub, n, means, thin, None), want,
+                               rtol=1e-9, atol=1e-12)
     # with single precision ruled out (products that could overflow it), the same in double
     monkeypatch.setattr(design, "SINGLE_REACH", 0.0)
     exact = replace(pub, public_index=pub.public_index)  # a fresh cache
-    assert design.single_rows(exact, means[0], None) is exact.public_rows
+    assert design.single_precision(exact, means[0], np.eye(5)) is np.float64
     np.testing.assert_allclose(design.class_responsibilities(exact, n, means, covs, None), ref,
                                rtol=1e-9, atol=1e-12)
     # a covariance without a Cholesky factor: the fallback
@@ -744,6 +759,8 @@ def test_tail_corrections_and_public_shapes_match_their_definitions(single, monk
     tol = 1e-5 if single else 1e-10
     if not single:
         monkeypatch.setattr(design, "SINGLE_REACH", 0.0)
+    assert design.single_precision(pub, reg.centres[0], reg.W[0]) is (
+        np.float32 if single else np.float64)
     E1, E2 = design.tail_corrections(pub, reg, resp)
     shapes = design.public_shapes(pub, resp, first["m1"], first["pooled"])
     scale = pub.n_samples / T.shape[0]
@@ -759,7 +776,8 @@ def test_tail_corrections_and_public_shapes_match_their_definitions(single, monk
         D = T - first["m1"][k]
         S = (D * resp[:, k:k + 1]).T @ D / resp[:, k].sum()
         ref = 0.5 * (S + S.T) + 1e-3 * first["pooled"]
-        np.testing.assert_allclose(shapes[k], ref, rtol=0, atol=tol * np.abs(ref).max())
+        # the shapes in double precision always (a shrinkage target keeps thin directions)
+        np.testing.assert_allclose(shapes[k], ref, rtol=0, atol=1e-12 * np.abs(ref).max())
 
 
 @pytest.mark.parametrize("relation", ["label-flip", "replace-one"])

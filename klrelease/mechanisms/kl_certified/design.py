@@ -82,8 +82,9 @@ SETTINGS = {
     # ... and, once that relative noise is below tail_rel, radius^2 >= the level's radius^2
     # times (tail_rel / relative noise)^tail_power: heavy tails, whose clipped mass the
     # chi-square tail understates, are clipped less and less (the noise still falls)
-    "tail_rel": 0.03,  # (0.01 -> 0.03: held-out replace-one median E[KL] at eps 1000 0.010 ->
-    #                    0.0026, no set worse by 1.5x above 0.01)
+    "tail_rel": 0.03,  # (0.01 -> 0.03, chosen on the held-out sets: their replace-one
+    #                    median E[KL] at eps 1000 0.010 -> 0.0026; no set worse by 1.5x
+    #                    above 0.01, 11 of 60 worse by 1.5x to 3x below it)
     "tail_power": 0.5,
     "count_floor": 2.0,  # released counts used as divisors are >= this x their noise sd
     "prior_divergence": 0.25,  # per dimension: expected ||Sigma_k - pooled||_F^2 / d in frame
@@ -111,8 +112,9 @@ SETTINGS = {
     # response design: the eigenvalue floor is at most this x the spectral scale of a
     # Gaussian matrix of the same noise energy. Randomized response's noise is a sum of a few
     # rows' outer products: most directions hold far less of it than that spectral norm
-    # (measured on 65 sets at eps 5: 1.0 -> 0.1 lowered E[KL] 3% in geometric mean,
-    # heplots.TIPI 3.0 -> 0.46, no set worse by more than 5%; one at eps 2 by 21%)
+    # (chosen on 65 sets, the held-out ones among them, at eps 5: 1.0 -> 0.1 lowered E[KL]
+    # 3% in geometric mean, heplots.TIPI 3.0 -> 0.46, no set worse by more than 6%; one at
+    # eps 2 by 21%)
     "response_noise_floor": 0.1,
 }
 
@@ -350,8 +352,8 @@ class PublicInputs:
     #: one-pass streamed release: the released ``counts`` are the sample's, scaled (their
     #: noise too), and the last pass releases every row's counts (``counts_all``)
     counts_sampled: bool = False
-    #: values computed once from the fields above (:func:`single_rows`); not copied by
-    #: ``dataclasses.replace``
+    #: values computed once from the fields above (the public rows' largest magnitude,
+    #: :func:`single_precision`); not copied by ``dataclasses.replace``
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -654,45 +656,46 @@ def _public_count(pub: PublicInputs) -> int:
     return (pub.public_rows if index is None else index).shape[0]
 
 
-#: Single-precision products of the public rows (:func:`single_rows`) are taken only when
-#: every sum of their squares is below this (float32 overflows at 3.4e38, 2^128); their
-#: relative rounding, about 6e-8 per term, is far below the estimates' own sampling error.
+#: Single-precision products of the public rows (:func:`single_precision`) are taken only
+#: when every sum of their squares stays below this (float32 overflows at 3.4e38, 2^128) and
+#: no entry of the matrix they multiply exceeds :data:`SINGLE_MATRIX`.
 SINGLE_REACH = 2.0 ** 120
+SINGLE_MATRIX = 2.0 ** 40
 
 
-def single_rows(pub: PublicInputs, centre: np.ndarray, W: np.ndarray | None = None,
-                weight: float = 1.0) -> np.ndarray:
-    """The public rows (``pub.public_rows``) for the products ``u = (t - c) W`` (``W`` the
-    identity when ``None``) and weighted sums of their squares (Grams, squared norms): in
-    single precision (twice the speed of the products) when every such sum over the rows,
-    with weights at most ``weight``, stays below :data:`SINGLE_REACH`, else the rows
-    themselves. Converted once per :class:`PublicInputs` (one release's posteriors, shapes
-    and tail corrections read the same rows several times)."""
-    got = pub._cache.get("single")
-    if got is None:
+def single_precision(pub: PublicInputs, centre: np.ndarray, W: np.ndarray | None = None,
+                     weight: float = 1.0) -> type:
+    """``np.float32`` where the products ``u = (t - c) W`` of the public rows
+    (``pub.public_rows``; ``W`` the identity when ``None``) and weighted sums of their squares
+    (squared norms, Grams), with weights at most ``weight``, cannot near float32's range (twice
+    the speed of double precision), else ``np.float64``. The caller converts each block of
+    rows as it reads it (no copy of every row). The rows' largest magnitude is read once per
+    :class:`PublicInputs`."""
+    top = pub._cache.get("top")
+    if top is None:
         T = pub.public_rows
         with np.errstate(all="ignore"):
             top = max(float(np.max(T, initial=0.0)), -float(np.min(T, initial=0.0)))
-        got = pub._cache["single"] = (top, None)
-    top, T32 = got
+        pub._cache["top"] = top
     d = max(pub.n_features, 1)
     with np.errstate(all="ignore"):
         entry = top + float(np.max(np.abs(centre), initial=0.0))
-        if W is not None:
-            entry *= float(np.max(np.abs(W), initial=0.0)) * d
+        big = float(np.max(np.abs(W), initial=0.0)) if W is not None else 1.0
+        entry *= big * (d if W is not None else 1)
         reach = entry * entry * d * max(pub.public_rows.shape[0], 1) * max(weight, 1.0)
-    if not (np.isfinite(reach) and reach <= SINGLE_REACH):
-        return pub.public_rows
-    if T32 is None:
-        T32 = pub.public_rows.astype(np.float32)
-        pub._cache["single"] = (top, T32)
-    return T32
+    ok = (np.isfinite(reach) and reach <= SINGLE_REACH and np.isfinite(big)
+          and big <= SINGLE_MATRIX)
+    return np.float32 if ok else np.float64
 
 
 #: Public rows whose posterior for a class is at most this add nothing to its shape or tail
 #: correction (their share of either is below this fraction of one row's: far rows of other
 #: classes, which would otherwise cost as much arithmetic as the class's own).
 NEGLIGIBLE_POSTERIOR = 1e-12
+#: :func:`class_responsibilities` multiplies in single precision only where a covariance's
+#: Cholesky factor has its largest diagonal entry at most this times its smallest (its
+#: rounding, about 6e-8 of a row, then moves a row's squared distance by far less than one)
+POSTERIOR_SPREAD = 1e3
 
 
 def responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
@@ -727,24 +730,28 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     has no Cholesky factor. Post-processing of released values and public features."""
     if _public_count(pub) == 0:
         return None
+    T = pub.public_rows  # every stored row: row by row the same values
     lw = np.log(np.maximum(n / n.sum(), 1e-300))
-    L = np.empty((pub.public_rows.shape[0], len(n)))
+    L = np.empty((T.shape[0], len(n)))
     d = pub.n_features
     step = row_block(d)
     try:
         for k in range(len(n)):
             ch = np.linalg.cholesky(0.5 * (covs[k] + covs[k].T))
-            # z = ch^-1 (t - m_k) for every row (every stored row: row by row the same
-            # values): one product with the factor's inverse per block of rows (a matrix
-            # product, several times faster than a triangular solve with many right-hand
-            # sides), in single precision where it cannot overflow
+            # z = ch^-1 (t - m_k) for every row: one product with the factor's inverse per
+            # block of rows (a matrix product, several times faster than a triangular solve
+            # with many right-hand sides), in single precision where it cannot overflow
             inv_t = solve_triangular(ch, np.eye(d), lower=True, check_finite=False).T
-            T = single_rows(pub, means[k], inv_t)
-            inv_t, m = inv_t.astype(T.dtype), means[k].astype(T.dtype)
-            L[:, k] = lw[k] - np.log(np.diag(ch)).sum()
+            # single precision only for a well-conditioned covariance: its rounding, about
+            # 6e-8 of a row, grows by the factor's largest over its smallest scale in z
+            dg = np.diag(ch)
+            dt = (single_precision(pub, means[k], inv_t)
+                  if float(dg.max()) <= POSTERIOR_SPREAD * float(dg.min()) else np.float64)
+            inv_t, m = inv_t.astype(dt), means[k].astype(dt)
+            L[:, k] = lw[k] - np.log(dg).sum()
             with np.errstate(all="ignore"):  # an overflow is caught as a non-finite L below
                 for a in range(0, T.shape[0], step):
-                    z = (T[a:a + step] - m) @ inv_t
+                    z = (T[a:a + step].astype(dt, copy=False) - m) @ inv_t
                     L[a:a + step, k] -= 0.5 * np.einsum("ij,ij->i", z, z)
                     del z
     except np.linalg.LinAlgError:
@@ -801,18 +808,16 @@ def public_shape(pub: PublicInputs, resp: np.ndarray, means: np.ndarray, pooled:
     w = resp.sum(axis=0)[k] if weight is None else weight
     step = row_block(d)
     on = np.flatnonzero(resp[:, k] > NEGLIGIBLE_POSTERIOR)
-    T = single_rows(pub, means[k])
-    index = getattr(pub, "public_index", None)
-    m = means[k].astype(T.dtype)
     S = np.zeros((d, d))
-    with np.errstate(all="ignore"):  # an overflow leaves a non-finite shape, checked later
-        for a in range(0, on.size, step):  # in blocks of rows: bounded memory
-            b = on[a:a + step]
-            A = np.take(T, b if index is None else index[b], axis=0)
-            A -= m
-            A *= np.sqrt(resp[b, k:k + 1]).astype(T.dtype)
-            S += A.T @ A  # a Gram of one array: a symmetric rank-k update
-            del A
+    # (in double precision: the shape is a shrinkage target, and a class thin along some
+    # direction of the frame would lose that direction to single precision's rounding)
+    for a in range(0, on.size, step):  # in blocks of rows: bounded memory
+        b = on[a:a + step]
+        A = public_sample(pub, b)
+        A -= means[k]
+        A *= np.sqrt(resp[b, k:k + 1])
+        S += A.T @ A  # a Gram of one array: a symmetric rank-k update
+        del A
     S /= max(w, 1e-300)
     o = np.add(S, S.T, out=out)
     del S
@@ -831,15 +836,15 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     scale = pub.n_samples / _public_count(pub)
     E1, E2 = np.zeros((K, d)), np.zeros((K, d, d))
     step = row_block(d)
-    index = getattr(pub, "public_index", None)
+    T, index = pub.public_rows, getattr(pub, "public_index", None)
     for k in range(K):
         on = np.flatnonzero(resp[:, k] > NEGLIGIBLE_POSTERIOR)
         r = float(reg.radius[k])
-        T = single_rows(pub, reg.centres[k], reg.W[k], scale)
-        c, W = reg.centres[k].astype(T.dtype), reg.W[k].astype(T.dtype)
+        dt = single_precision(pub, reg.centres[k], reg.W[k], scale)
+        c, W = reg.centres[k].astype(dt), reg.W[k].astype(dt)
         for a in range(0, on.size, step):  # in blocks of rows: bounded memory
             b = on[a:a + step]
-            D = np.take(T, b if index is None else index[b], axis=0)
+            D = np.take(T, b if index is None else index[b], axis=0).astype(dt, copy=False)
             D -= c
             U = D @ W
             del D
@@ -1215,7 +1220,7 @@ def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.
             reg = replace(reg, shape=shapes)
     out = np.empty((K, d, d)) if out is None else out
     for k in range(K):
-        if pooled is None and not released[k]:
+        if pooled is None and not released[k] and pub.settings["class_floor"] < 1.0:
             # the target alone, floored at a fraction of its own smallest eigenvalue (in
             # the region, a congruence of it): a positive definite target is its own floor,
             # no map into the region and back (five d x d products and a decomposition)

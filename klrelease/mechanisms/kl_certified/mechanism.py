@@ -995,7 +995,7 @@ class KLCertifiedPlan(Plan):
             w, m, c = estimate(self.working(output), output, designs.get("first"),
                                designs.get("second"))
             return check_gmm(GMM(w, m, c, self.classes))  # what the artifact will require
-        except (ValueError, np.linalg.LinAlgError, FloatingPointError):
+        except (ValueError, np.linalg.LinAlgError, FloatingPointError, MemoryError):
             # Never fail after noise was drawn: a cruder post-processing of the same released
             # values (stage-A centres, the frame's unit covariance) keeps the release valid.
             self.fallbacks += 1
@@ -1081,7 +1081,7 @@ class KLCertified(Mechanism):
                                                 frame=frame, public_rows=rows,
                                                 public_index=index)
                 return check_gmm(GMM(w, mu, covs, classes))
-            except (ValueError, np.linalg.LinAlgError, FloatingPointError):
+            except (ValueError, np.linalg.LinAlgError, FloatingPointError, MemoryError):
                 # never fail after the labels were drawn: the released weights with the
                 # frame's centre and unit covariance (post-processing of the same output)
                 w = released_weights(debiased_moments(m, K, epsilon)[0], N, K)
