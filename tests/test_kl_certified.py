@@ -642,6 +642,35 @@ def test_a_tiny_class_does_not_keep_the_others_in_one_round(options):
     assert np.all(np.isfinite(p.finalize(out).covariances))
 
 
+@pytest.mark.parametrize("options,eps", [({"design": "gaussian"}, 5.0),
+                                         ({"adjacency": "replace-one", "norm_bound": 80.0},
+                                          10.0)])
+def test_a_small_noisy_class_does_not_keep_the_others_in_one_round(options, eps):
+    """A class of 60 rows in 30060 whose second moments the first round would release but
+    not precisely (relative noise above ``rounds_threshold``) is left out of the rounds'
+    test like an unreleased one: the large classes still take two rounds. (Counted, it
+    dropped them to one round as epsilon grew past where its moments were first released:
+    E[KL] rose tenfold on a d = 30 mixture.)"""
+    X, y = _classes3(30000, d=4)
+    rng = np.random.default_rng(9)
+    X = np.vstack([X, rng.normal(size=(60, 4)) * 0.5 + 1.0])
+    y = np.concatenate([y, np.full(60, 3)])
+    p = kr.plan(X, y, epsilon=eps, delta=1e-6, classes=[0, 1, 2, 3], **options)
+    out = p.sample(np.random.default_rng(2))
+    pub = p.working(out)
+    n = design.centres(pub, out["counts"], out["sums"])[0]
+    s = pub.settings
+    trial = design.class_noise(pub, n, s["round_share"] * pub.budget.classes**2,
+                               s["prior_divergence"] * 4)
+    rel = design.covariance_energy(trial, n, 4) / 4
+    assert np.all(np.isfinite(trial.cov_sd)) and rel[3] > s["rounds_threshold"]
+    assert np.all(rel[:3] <= s["rounds_threshold"])
+    assert len(design.round_shares(pub, n)) == 2
+    strict = replace(pub, settings={**s, "round_unreleased": 0.0})
+    assert len(design.round_shares(strict, n)) == 1
+    assert np.all(np.isfinite(p.finalize(out).covariances))
+
+
 #: (rows, epsilon, options): one and two stage-C rounds under both relations
 _ROUNDS = [(3000, 1.0, {"design": "gaussian"}, 1),
            (200000, 50.0, {"design": "gaussian"}, 2),
