@@ -31,10 +31,14 @@ def gaussian_kl(m0, S0, m1, S1) -> np.ndarray:
     sol_S = np.linalg.solve(L1, np.swapaxes(sol_S, -1, -2))
     tr = np.trace(sol_S, axis1=-2, axis2=-1)
     quad = np.sum(sol_m**2, axis=(-2, -1))
-    sign0, logdet0 = np.linalg.slogdet(S0)
+    # positive definite as a release requires (a Cholesky factor, klrelease.gmm.check_gmm):
+    # an LU determinant's sign can be wrong for a matrix that has one, near singular
+    try:
+        L0 = np.linalg.cholesky(S0)
+    except np.linalg.LinAlgError:
+        raise ValueError("the first covariance is not positive definite") from None
+    logdet0 = 2.0 * np.sum(np.log(np.diagonal(L0, axis1=-2, axis2=-1)), axis=-1)
     logdet1 = 2.0 * np.sum(np.log(np.diagonal(L1, axis1=-2, axis2=-1)), axis=-1)
-    if np.any(sign0 <= 0):
-        raise ValueError("the first covariance is not positive definite")
     return 0.5 * (tr + quad - d + logdet1 - logdet0)
 
 

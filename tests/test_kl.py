@@ -32,3 +32,21 @@ def test_kl_basic_properties():
     # scalar gaussian case by hand: KL(N(0,1)||N(1,4)) = (1/4 + 1/4 - 1 + ln 4)/2
     val = gaussian_kl(np.zeros(1), np.eye(1), np.ones(1), 4 * np.eye(1))
     assert float(val) == pytest.approx(0.5 * (0.25 + 0.25 - 1 + np.log(4)))
+
+
+def test_kl_accepts_every_covariance_a_release_accepts():
+    """A covariance with a Cholesky factor (what ``check_gmm`` and an artifact require) whose
+    LU determinant has the wrong sign, near singular as a release of collinear features (shares
+    that sum to one) can be: the KL divergence takes its log-determinant from the factor."""
+    from scipy.stats import ortho_group
+
+    d = 6
+    V = ortho_group.rvs(d, random_state=13)
+    S = (V * np.r_[2.6e5, 1e3, 10, 1, 3e-3, 3e-12]) @ V.T
+    S = 0.5 * (S + S.T)
+    np.linalg.cholesky(S)  # a release would accept it
+    assert np.linalg.slogdet(S)[0] <= 0  # the LU sign is wrong for it
+    val = gaussian_kl(np.zeros(d), S, np.zeros(d), S + np.eye(d))
+    assert np.isfinite(val) and val > 0
+    with pytest.raises(ValueError, match="positive definite"):
+        gaussian_kl(np.zeros(d), -np.eye(d), np.zeros(d), np.eye(d))
