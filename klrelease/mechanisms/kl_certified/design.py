@@ -82,9 +82,9 @@ SETTINGS = {
     # ... and, once that relative noise is below tail_rel, radius^2 >= the level's radius^2
     # times (tail_rel / relative noise)^tail_power: heavy tails, whose clipped mass the
     # chi-square tail understates, are clipped less and less (the noise still falls)
-    "tail_rel": 0.03,  # (0.01 -> 0.03, chosen on the held-out sets: their replace-one
-    #                    median E[KL] at eps 1000 0.010 -> 0.0026; no set worse by 1.5x
-    #                    above 0.01, 11 of 60 worse by 1.5x to 3x below it)
+    "tail_rel": 0.03,  # (chosen on the held-out sets: against 0.01, their replace-one
+    #                    median E[KL] at eps 1000 is 0.0026 instead of 0.010; no set worse
+    #                    by 1.5x above 0.01, 11 of 60 worse by 1.5x to 3x below it)
     "tail_power": 0.5,
     "count_floor": 2.0,  # released counts used as divisors are >= this x their noise sd
     "prior_divergence": 0.25,  # per dimension: expected ||Sigma_k - pooled||_F^2 / d in frame
@@ -536,11 +536,12 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     which has rank at most K, yet it lowers every direction: where the means are mostly
     noise it takes the d - K directions that term cannot reach, where the within-class
     covariance is the public total one, down to the floor. The label-flip floor is therefore
-    ``flip_pooled_floor`` (0.03) of the largest eigenvalue, not ``pooled_floor`` (1e-3): at
-    eps = 0.5 on ``Ecdat.Heating`` (d = 19, K = 5) E[KL] 49 -> 18 (the public total
-    covariance for every class: 1.2). Dropping the margin instead, or keeping it only in the
-    span of the means, lost up to 2.3x where classes are far apart and the means' noise hides
-    it (Iris at eps 0.5), because an overestimated variance costs without bound. With
+    ``flip_pooled_floor`` (0.03) of the largest eigenvalue: at eps = 0.5 on ``Ecdat.Heating``
+    (d = 19, K = 5) E[KL] is 18 with it and 49 with replace-one's ``pooled_floor`` (1e-3)
+    (the public total covariance for every class: 1.2). Without the margin, or with it only
+    in the span of the means, E[KL] is up to 2.3x higher where classes are far apart and the
+    means' noise hides it (Iris at eps 0.5), because an overestimated variance costs without
+    bound. With
     ``cover=True`` (the shape of a clipping region, which must cover the class) they are not
     lowered, and floored at ``cover_floor`` times that noise scale instead; ``cover="both"``
     returns both (one decomposition). With ``cover`` an array of fractions in [0, 1] (one per
@@ -1070,9 +1071,9 @@ def round_shares(pub: PublicInputs, n: np.ndarray) -> tuple[float, ...]:
     moments not released at all, or released with more noise) are left out of the test while
     they hold at most ``round_unreleased`` of the released counts: else one small class would
     keep every other class in one round at any budget and any N (a region shaped by the
-    pooled covariance, however thin the class). Before, only the unreleased ones were left
-    out, so the rounds fell from two to one as epsilon grew, when a 40-row class of 30000 at
-    d = 30 first had its second moments released (E[KL] 3.4 -> 47 from eps 50 to 100).
+    pooled covariance, however thin the class). Leaving out only the unreleased ones lets the
+    rounds fall from two to one as epsilon grows, when a 40-row class of 30000 at d = 30
+    first has its second moments released (E[KL] 3.4 at eps 50, 47 at 100).
     Decided from public values and released counts only.
     """
     total = pub.budget.classes**2
