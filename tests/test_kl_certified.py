@@ -100,6 +100,10 @@ def _stage_sensitivities(p, q, out):
     first = design.stage_c_design(w, out)
     rounds = [first] + ([design.round_two_design(w, out, first)]
                         if len(first["shares"]) > 1 else [])
+    if b.tails > 0:  # stage T, in the last round's regions (the same capped or not)
+        last = rounds[-1]
+        got.append(np.sum((p._tails(w, last) - q._tails(w, last)) ** 2) / w.tails_sd**2)
+        allowed.append(b.tails**2)
     for dz, share in zip(rounds, first["shares"], strict=True):
         (S1p, S2p, *np_), (S1q, S2q, *nq) = p._stage_c(w, dz), q._stage_c(w, dz)
         noise = dz["noise"]
@@ -367,7 +371,7 @@ def test_located_and_second_round_stages_within_their_sensitivity():
     data = kr.as_labelled_data(X, y, classes=[0, 1, 2], bounds=box, min_class_size=0)
     kw = dict(epsilon=30.0, delta=1e-5, adjacency="replace-one")
     p = kr.plan(data, None, **kw)
-    assert p.public.budget.locate > 0
+    assert p.public.budget.locate > 0 and p.public.budget.tails > 0
     rng = np.random.default_rng(2)
     worst = None
     for trial in range(12):
@@ -384,6 +388,7 @@ def test_located_and_second_round_stages_within_their_sensitivity():
         worst = ratio if worst is None else np.maximum(worst, ratio)
     assert np.all(worst <= 1 + 1e-9), worst
     assert worst[0] > 0.2  # the locating rounds are exercised
+    assert worst[-3] > 0.5  # stage T: a changed record moves one count or two
 
 
 def test_a_loose_box_is_located():
@@ -422,6 +427,56 @@ def test_the_release_converges_as_epsilon_grows(relation):
     # (1e-12: once the release is the fit, E[KL] is rounding, about -2e-16 here)
     assert all(b <= a * 1.05 + 1e-12 for a, b in zip(kl, kl[1:], strict=False)), kl
     assert kl[-1] < 0.01, kl
+
+
+def _two_classes(n, heavy=False, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    X = np.where(y[:, None] == 0, -4.0, 4.0) * np.array([1.0, 0.0]) + rng.normal(size=(n, 2))
+    if heavy:  # class 1 with t(2) tails
+        X[y == 1] = 4.0 * np.array([1.0, 0.0]) + rng.standard_t(2, size=(int(np.sum(y)), 2))
+    return X, y
+
+
+@pytest.mark.parametrize("relation", ["label-flip", "replace-one"])
+def test_stage_t_caps_the_radius_of_light_tails_only(relation):
+    """Stage T: at a budget where stage-C radii grow past the chi-square radius, a Gaussian
+    class's radius is lowered back to it, a class with t(2) tails keeps a larger one."""
+    X, y = _two_classes(100_000, heavy=True)
+    kw = ({"design": "gaussian"} if relation == "label-flip"
+          else {"adjacency": relation, "norm_bound": 60.0})
+    p = kr.plan(X, y, epsilon=4.0, delta=1e-6, classes=[0, 1], **kw)
+    assert p.public.budget.tails > 0
+    out = p.sample(np.random.default_rng(0))
+    assert out["tails"].shape == (2, design.TAIL_BINS + 1)
+    pub = p.working(out)
+
+    def last_round(out):  # stage T caps the radii of the last stage-C round
+        first = design.stage_c_design(pub, out)
+        return design.round_two_design(pub, out, first) if len(first["shares"]) > 1 else first
+
+    capped = last_round(out)["noise"].radius
+    grown = last_round({k: v for k, v in out.items() if k != "tails"})["noise"].radius
+    assert grown[0] > 1.5 * capped[0]  # light tails: capped
+    assert capped[1] > 0.99 * grown[1]  # heavy tails: the histogram shows rows out there
+
+
+def test_stage_t_restores_the_rate_in_n_on_light_tails(monkeypatch):
+    """Two Gaussian classes, N = 1e5, eps = 4, replace-one: with stage T the release is far
+    closer to the fit than with the growth alone (stage T's share set to 0)."""
+    X, y = _two_classes(100_000)
+    fit = kr.fit_gmm(X, y)
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1))
+    kw = dict(epsilon=4.0, delta=1e-6, classes=[0, 1], adjacency="replace-one",
+              norm_bound=12.0)
+    p = kr.plan(X, y, **kw)
+    assert p.public.budget.tails > 0
+    with_t = kr.expected_kl(p, ref, n_draws=10, seed=1).mean
+    monkeypatch.setitem(design.SETTINGS, "tails_share", 0.0)
+    q = kr.plan(X, y, **kw)
+    assert q.public.budget.tails == 0
+    without = kr.expected_kl(q, ref, n_draws=10, seed=1).mean
+    assert with_t < 0.4 * without, (with_t, without)
 
 
 def test_the_design_reads_public_inputs_only():

@@ -20,7 +20,9 @@ C. per class, the sums and second moments of the rows in a *class region*: an el
    lowered per class by as much as the class's own noise calls for, :func:`lowering`), radius
    ``r`` (:func:`regions`),
    with the class's budget split between means and covariances by a KL surrogate
-   (:func:`class_noise`).
+   (:func:`class_noise`); where the radius could grow past the chi-square one at this budget
+   (:func:`needs_tails`), a histogram of the rows' norms in the last round's regions is
+   released before that round (stage T) and caps its radii (:func:`tail_caps`).
 
 :func:`estimate` forms the released GMM: precision-weighted means of stages A and C, each class
 covariance shrunk toward a target by the known noise level (the pooled or public class shape;
@@ -86,6 +88,14 @@ SETTINGS = {
     #                    median E[KL] at eps 1000 is 0.0026 instead of 0.010; no set worse
     #                    by 1.5x above 0.01, 11 of 60 worse by 1.5x to 3x below it)
     "tail_power": 0.5,
+    # ... that growth is capped per class by a released histogram of the rows' squared norms
+    # in the last round's regions (stage T), when the public inputs let it grow enough
+    "tails_share": 0.02,  # stage T's share of mu^2, taken from stage C
+    "tails_z": 4.0,  # a bin holds rows when its released count exceeds this x its noise sd
+    "tails_gain": 10.0,  # stage T only where the relative noise of a class of all N rows
+    #                      could fall below tail_rel / tails_gain (its radius^2 grow >= 3x):
+    #                      on the development sets at eps 20, stage T for every radius that
+    #                      grows at all left 11 of 49 label-flip sets >10% worse, this 5
     "count_floor": 2.0,  # released counts used as divisors are >= this x their noise sd
     "prior_divergence": 0.25,  # per dimension: expected ||Sigma_k - pooled||_F^2 / d in frame
     "release_ratio": 4.0,  # label flip: class second moments released only if their noise
@@ -268,6 +278,9 @@ class Budget:
     scatter: float
     classes: float
     locate: float = 0.0
+    #: stage T: the histogram of the rows' norms in the last stage-C round's regions
+    #: (:func:`tail_caps`); 0 when the public inputs leave no radius to cap
+    tails: float = 0.0
     #: one-pass streamed release: the counts of every row, released in the last pass (the
     #: ``counts`` above are then the early stages' sample's)
     counts_all: float = 0.0
@@ -278,17 +291,17 @@ class Budget:
         # the calibration is exact to ~1e-12; a relative margin keeps delta(eps) <= delta
         mu *= 1.0 - 1e-9
         f = {k: float(shares.get(k, 0.0))
-             for k in ("counts", "sums", "scatter", "locate", "counts_all")}
+             for k in ("counts", "sums", "scatter", "locate", "tails", "counts_all")}
         rest = 1.0 - sum(f.values())
         return cls(epsilon, delta, mu, mu * np.sqrt(f["counts"]), mu * np.sqrt(f["sums"]),
                    mu * np.sqrt(f["scatter"]), mu * np.sqrt(rest), mu * np.sqrt(f["locate"]),
-                   mu * np.sqrt(f["counts_all"]))
+                   mu * np.sqrt(f["tails"]), mu * np.sqrt(f["counts_all"]))
 
     @property
     def total(self) -> float:
         """sqrt of the sum of the stage sensitivities squared (equals ``mu``)."""
         return float(np.sqrt(self.counts**2 + self.sums**2 + self.scatter**2 + self.classes**2
-                             + self.locate**2 + self.counts_all**2))
+                             + self.locate**2 + self.tails**2 + self.counts_all**2))
 
     def delta_at(self, epsilon: float) -> float:
         """delta(eps) of this release (the Gaussian curve with shift ``mu``)."""
@@ -315,6 +328,7 @@ class Budget:
                    if self.counts_all > 0 else f"counts {self.counts:.4g}")
                 + f", sums {self.sums:.4g}"
                 + (f", pooled scatter {self.scatter:.4g}" if self.scatter > 0 else "")
+                + (f", tails {self.tails:.4g}" if self.tails > 0 else "")
                 + f", class stage {self.classes:.4g}); delta({self.epsilon:g}) = "
                 f"{self.delta_at(self.epsilon):.4g} <= {self.delta:g}")
 
@@ -349,7 +363,7 @@ class PublicInputs:
     #: replace-one: the bound's per-feature interval in its frame, (lower, upper)
     bound_window: tuple | None = None
     #: streamed from a source of more than ``STAGE_ROWS`` rows that reads whole units: all
-    #: rows over the rows of the public subset that the locating rounds, stages A and B and
+    #: rows over the rows of the public subset that the locating rounds, stages A, B and T and
     #: the first of two stage-C rounds read; their statistics and noise are both scaled by it
     #: (1: every stage reads every row)
     sample_scale: float = 1.0
@@ -382,6 +396,14 @@ class PublicInputs:
         """Noise sd of a locating histogram's counts (two rounds of equal share)."""
         return self.sample_scale * locate_sd(self.budget, self.n_features)
 
+
+    @property
+    def tails_sd(self) -> float:
+        """Noise sd of stage T's counts (every count of the histogram; scaled like any stage
+        read on the sample)."""
+        if self.budget.tails <= 0:
+            return float("inf")
+        return float(self.sample_scale * np.sqrt(2.0) / self.budget.tails)
 
     @property
     def sums_factor(self) -> float:
@@ -424,7 +446,7 @@ def region_radius(d: int, level: float) -> float:
 
 
 def tail_radius(d: int, level: float, rel, tail_scale: float,
-                settings: dict | None = None) -> np.ndarray:
+                settings: dict | None = None, grow: bool = True) -> np.ndarray:
     """The chi-square radius leaving the tail mass ``min(1 - level, tail_scale * rel)``
     outside: ``level``'s radius while the relative noise ``rel`` of what is clipped is large,
     growing as it falls; below ``tail_rel``, at least ``level``'s radius times
@@ -434,13 +456,53 @@ def tail_radius(d: int, level: float, rel, tail_scale: float,
     far beyond it would be clipped at every budget, a bias that no epsilon or N removes. With
     the power growth the radius reaches any bounded set of rows as ``rel`` falls, while the
     noise it adds to a second moment, ``r^2 rel``, still falls (as ``rel^(1 - tail_power)``).
-    ``settings``: where ``tail_rel`` and ``tail_power`` are read (default :data:`SETTINGS`)."""
+    ``settings``: where ``tail_rel`` and ``tail_power`` are read (default :data:`SETTINGS`).
+    ``grow=False``: the chi-square radius alone."""
     s = SETTINGS if settings is None else settings
     rel = np.asarray(rel, dtype=float)
     alpha = np.clip(tail_scale * rel, 1e-300, 1.0 - level)
     r2 = np.maximum(chi2.isf(alpha, d), chi2.ppf(level, d))
-    grow = np.maximum(s["tail_rel"] / np.maximum(rel, 1e-300), 1.0) ** s["tail_power"]
-    return np.sqrt(np.maximum(r2, chi2.ppf(level, d) * grow))
+    if not grow:
+        return np.sqrt(r2)
+    growth = np.maximum(s["tail_rel"] / np.maximum(rel, 1e-300), 1.0) ** s["tail_power"]
+    return np.sqrt(np.maximum(r2, chi2.ppf(level, d) * growth))
+
+
+#: Stage T's histogram: bin 0 holds the rows of squared region norm below ``e_0`` (the
+#: region level's chi-square radius squared), bin ``i`` those in ``[e_0 2^(i-1), e_0 2^i)``,
+#: the last bin everything from ``e_0 2^(TAIL_BINS - 1)`` on
+TAIL_BINS = 40
+
+
+def needs_tails(budget: Budget, n_samples: int, d: int) -> bool:
+    """Whether a release gets stage T (public inputs only): whether any class's stage-C radius
+    could grow well past the chi-square radius (:func:`tail_radius`) at this budget, i.e.
+    whether the smallest relative noise a class could have, with every row and the whole of
+    stage C (``t_k <= s_C^2``), falls below ``tail_rel / tails_gain``. Where the radii grow
+    little there is little to cap, and stage T's share and the rows it misses cost more than
+    it saves; releases at small budgets or few rows are unchanged by stage T."""
+    s = SETTINGS
+    rel = region_radius(d, s["region_level"]) ** 2 / (max(budget.classes, 1e-300)
+                                                       * max(n_samples, 1))
+    return bool(rel < s["tail_rel"] / s["tails_gain"])
+
+
+def tail_bin_edges(pub: PublicInputs) -> np.ndarray:
+    """The lower edges ``e_0 2^(i-1)`` of bins 1 .. TAIL_BINS of stage T's histogram."""
+    return pub.region_radius**2 * 2.0 ** np.arange(TAIL_BINS)
+
+
+def tail_caps(pub: PublicInputs, tails: np.ndarray) -> np.ndarray:
+    """Per class, from stage T's released counts: the squared norm (in the last round's
+    region of the class) beyond which no bin holds a count above ``tails_z`` times its noise:
+    the upper edge of the last such bin (``e_0`` if none; ``inf`` if it is the open last
+    bin). A function of released values."""
+    H = np.asarray(tails, dtype=float)[:, 1:]
+    over = H > pub.settings["tails_z"] * pub.tails_sd  # NaN: not over
+    K, J = H.shape
+    last = np.where(over.any(axis=1), J - np.argmax(over[:, ::-1], axis=1), 0)
+    cap = pub.region_radius**2 * 2.0 ** last.astype(float)
+    return np.where(last >= J, np.inf, cap)
 
 
 def flip_radius(norms: np.ndarray, n_samples: int, n_classes: int, d: int, sens: float,
@@ -969,7 +1031,8 @@ class ClassNoise:
         return f * r**2 / self.mean_sd**2 + cov
 
 
-def class_radius(pub: PublicInputs, n: np.ndarray, t: np.ndarray) -> np.ndarray:
+def class_radius(pub: PublicInputs, n: np.ndarray, t: np.ndarray,
+                 cap: np.ndarray | None = None) -> np.ndarray:
     """Stage-C clipping radius per class, from public values and released counts.
 
     ``r_k^2`` is the chi-square quantile leaving the tail mass
@@ -979,10 +1042,16 @@ def class_radius(pub: PublicInputs, n: np.ndarray, t: np.ndarray) -> np.ndarray:
     noise, ``r_k^2`` grows at least as its power ``-tail_power`` (:func:`tail_radius`). As the
     noise vanishes (epsilon or the class grows) the radius grows past every row, so the
     clipping bias vanishes too, whatever the tails, while the noise it adds still falls.
+    ``cap`` (stage T, :func:`tail_caps`): per class, a squared radius past which the released
+    histogram shows no rows; the grown radius is lowered to it, never below the chi-square one.
     """
     s = pub.settings
     rel = pub.region_radius**2 / (np.sqrt(np.maximum(t, 1e-300)) * np.maximum(n, 1.0))
-    return tail_radius(pub.n_features, s["region_level"], rel, s["tail_scale"], s)
+    grown = tail_radius(pub.n_features, s["region_level"], rel, s["tail_scale"], s)
+    if cap is None:
+        return grown
+    base = tail_radius(pub.n_features, s["region_level"], rel, s["tail_scale"], s, grow=False)
+    return np.minimum(grown, np.maximum(base, np.sqrt(cap)))
 
 
 def located_radius(d: int, n_samples: int, n_classes: int, budget: Budget) -> float:
@@ -1005,7 +1074,7 @@ def located_radius(d: int, n_samples: int, n_classes: int, budget: Budget) -> fl
 
 
 def class_noise(pub: PublicInputs, n: np.ndarray, total: float,
-                divergence: np.ndarray | float) -> ClassNoise:
+                divergence: np.ndarray | float, cap: np.ndarray | None = None) -> ClassNoise:
     """Noise of one stage-C round from the released counts: shares between classes (of the
     round's squared sensitivity ``total``), radii, then per class the split between means and
     second moments minimising a KL surrogate.
@@ -1019,7 +1088,7 @@ def class_noise(pub: PublicInputs, n: np.ndarray, total: float,
     toward the target would keep little of them, and the surrogate's small gain there is
     within its own error (the class then takes the blend of its public shape and the pooled
     covariance, :func:`harmonic_targets`; replace-one has no public shapes).
-    Depends on public values and released counts only.
+    Depends on public values and released counts (and ``cap``, :func:`class_radius`) only.
     """
     K, d = pub.n_classes, pub.n_features
     r0 = pub.region_radius
@@ -1027,7 +1096,7 @@ def class_noise(pub: PublicInputs, n: np.ndarray, total: float,
     w = n / n.sum()
     # costs at unit share for the pairwise allocation (mean part dominates small classes)
     t = allocate_pairwise(w * d * f_sum * r0**2 / (2 * n**2), total, pub.label_flip)
-    radius = class_radius(pub, n, t)
+    radius = class_radius(pub, n, t, cap)
     _, g = clip_factors(radius, d)
     D = np.broadcast_to(np.asarray(divergence, dtype=float), (K,))
     mean_sd = np.empty(K)
@@ -1389,8 +1458,25 @@ def stage_c_design(pub: PublicInputs, output: dict) -> dict:
         reg = regions(pub, m1, C1, covering, noise.radius)
     del covering
     resp = responsibilities(pub, n, m1, P)
-    return {"n": n, "m1": m1, "C1": C1, "pooled": P, "regions": reg, "noise": noise,
-            "shares": shares, "resp": resp, "scale": c}
+    design = {"n": n, "m1": m1, "C1": C1, "pooled": P, "regions": reg, "noise": noise,
+              "shares": shares, "resp": resp, "scale": c,
+              "noise_of": (n / c, shares[0], pub.settings["prior_divergence"] * pub.n_features)}
+    return capped(pub, output, design) if "tails" in output and len(shares) == 1 else design
+
+
+def capped(pub: PublicInputs, output: dict, design: dict) -> dict:
+    """A single round's design with its radii capped by stage T (:func:`tail_caps`), which
+    was read in this design's regions: the same regions (centres and shapes), the radii and
+    noise scales recomputed. A class whose region is the stage-A ball keeps its radius (its
+    shape is scaled by it). With two rounds stage T is read in the second's regions and caps
+    its radii only (:func:`round_two_design`): the first only shapes the second's regions."""
+    reg = design["regions"]
+    cap = np.where(reg.is_global, np.inf, tail_caps(pub, output["tails"]))
+    noise = class_noise(pub, *design["noise_of"], cap=cap)
+    c = design.get("scale", 1.0)
+    if c != 1.0:
+        noise = noise.scaled(c)
+    return {**design, "noise": noise, "regions": replace(reg, radius=noise.radius)}
 
 
 def _first_round(pub: PublicInputs, output: dict, first: dict):
@@ -1539,8 +1625,10 @@ def round_two_design(pub: PublicInputs, output: dict, first: dict | None = None)
         shapes = _at_least(covs, pub.settings["round_cover"] * first["pooled"])
     reg = regions(pub, means, Cm, shapes, noise.radius, allow_global=False)
     del shapes
-    return {"n": n, "means": means, "means_cov": Cm, "pooled": P, "covs": covs,
-            "regions": reg, "noise": noise}
+    second = {"n": n, "means": means, "means_cov": Cm, "pooled": P, "covs": covs,
+              "regions": reg, "noise": noise, "noise_of": (n, first["shares"][1], energy)}
+    # the radii (the shapes here do not depend on them) capped by stage T
+    return capped(pub, output, second) if "tails" in output else second
 
 
 def estimate(pub: PublicInputs, output: dict, first: dict | None = None,

@@ -54,16 +54,19 @@ from ..registry import register
 from ..response import _source_errors, quiet, response_guarantee, response_plan
 from .design import (
     SETTINGS,
+    TAIL_BINS,
     Budget,
     Frame,
     PublicInputs,
     add_symmetric_gaussian,
+    capped,
     centres,
     estimate,
     flip_radius,
     gaussian_logpdf,
     locate_sd,
     located_radius,
+    needs_tails,
     region_radius,
     released_weights,
     response_estimate,
@@ -71,6 +74,7 @@ from .design import (
     stage_c_design,
     symmetric_gaussian,
     symmetric_gaussian_logpdf,
+    tail_bin_edges,
 )
 from .locate import (
     LOCATE,
@@ -533,6 +537,25 @@ class _CentredClip:
 
 
 @dataclass(frozen=True)
+class _RegionTails:
+    """Stage T's map: the one-hot bin of ``||(t - c_k) W_k||^2`` among the bins of lower edges
+    ``edges`` (bin 0 below the first; :data:`.design.TAIL_BINS`)."""
+
+    centres: np.ndarray
+    W: np.ndarray
+    edges: np.ndarray
+
+    def __call__(self, T: np.ndarray, k: int) -> np.ndarray:
+        U = (T - self.centres[k]) @ self.W[k]
+        q = np.einsum("ij,ij->i", U, U)
+        del U
+        b = np.searchsorted(self.edges, np.where(np.isnan(q), np.inf, q), side="right")
+        out = np.zeros((q.shape[0], self.edges.shape[0] + 1))
+        out[np.arange(q.shape[0]), b] = 1.0
+        return out
+
+
+@dataclass(frozen=True)
 class _RegionClip:
     """Stage C's map: ``clip_{r_k}((t - c_k) W_k)``."""
 
@@ -625,6 +648,8 @@ def release_budget(epsilon: float, delta: float, relation: Adjacency, n_samples:
         # pass; for the weights and the last round's divisors)
         shares["counts"] /= 2.0
         shares["counts_all"] = shares["counts"]
+    if needs_tails(Budget.split(epsilon, delta, shares), n_samples, d):
+        shares["tails"] = SETTINGS["tails_share"]
     if relation == Adjacency.LABEL_FLIP:
         return Budget.split(epsilon, delta, shares)
     n = min(n_samples, stage_rows(d))
@@ -826,6 +851,14 @@ class KLCertifiedPlan(Plan):
                                                            pub.radius)), pub.n_features)[1]
         return pub.sample_scale * S2.sum(axis=0)
 
+    def _tails(self, pub: PublicInputs, design: dict) -> np.ndarray:
+        """Stage T: per class, the histogram of the rows' squared norms in the regions of
+        ``design`` (the last stage-C round's; the early stages' rows, scaled)."""
+        reg = design["regions"]
+        fn = _RegionTails(np.asarray(reg.centres), np.asarray(reg.W), tail_bin_edges(pub))
+        return pub.sample_scale * self._early.stats(self._map(pub, fn), TAIL_BINS + 1,
+                                                    second=False)[0]
+
     def _stage_c(self, pub: PublicInputs, design: dict) -> tuple[np.ndarray, ...]:
         """A stage-C round's statistics: every row, or (the first of two rounds on a subset,
         ``design["scale"]`` > 1) the subset's, scaled. A one-pass release's round over every
@@ -897,6 +930,14 @@ class KLCertifiedPlan(Plan):
         would otherwise recompute them from the same values."""
         return self._finalize(*self._sample(rng))
 
+    def _draw_tails(self, rng, out: dict, pub: PublicInputs, design: dict) -> bool:
+        """Release stage T in ``design``'s regions into ``out`` (False: the source failed)."""
+        H = self._read(self._tails, pub, design)
+        if H is None:
+            return False
+        out["tails"] = H + rng.standard_normal(H.shape) * pub.tails_sd
+        return True
+
     def _sample(self, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], dict]:
         """A raw output and the stage-C designs computed from it (``first``, ``second``)."""
         pub = self.public
@@ -927,12 +968,21 @@ class KLCertifiedPlan(Plan):
                 return out, designs
             out["scatter"] = S_B + symmetric_gaussian(rng, np.asarray(pub.scatter_sd), d)
         design = designs["first"] = stage_c_design(pub, out)
+        two = len(design["shares"]) > 1
+        if pub.budget.tails > 0 and not two:  # stage T in the single round's regions
+            if not self._draw_tails(rng, out, pub, design):
+                return out, designs
+            design = designs["first"] = capped(pub, out, design)
         stats = self._read(self._stage_c, pub, design)
         if stats is None:
             return out, designs
         out["class_sums"], out["class_scatter"] = self._draw_round(rng, stats, design["noise"], d)
-        if len(design["shares"]) > 1:
+        if two:
             second = designs["second"] = round_two_design(pub, out, design)
+            if pub.budget.tails > 0:  # stage T in the second round's regions
+                if not self._draw_tails(rng, out, pub, second):
+                    return out, designs
+                second = designs["second"] = capped(pub, out, second)
             stats = self._read(self._stage_c, pub, second)
             if stats is None:
                 return out, designs
@@ -969,10 +1019,15 @@ class KLCertifiedPlan(Plan):
             E = np.asarray(output["scatter"], dtype=float) - self._stage_b(pub, m1)
             lc += float(symmetric_gaussian_logpdf(E, pub.scatter_sd))
         design = stage_c_design(pub, output)
+        two = len(design["shares"]) > 1
+        if pub.budget.tails > 0:  # in the last round's regions (capped or not: the same)
+            last = round_two_design(pub, output, design) if two else design
+            lw += gaussian_logpdf(np.asarray(output["tails"], dtype=float)
+                                  - self._tails(pub, last), pub.tails_sd)
         stats = self._stage_c(pub, design)
         a, b = self._round_logpdf(output, stats, design["noise"], "")
         lm, lc = lm + a, lc + b
-        if len(design["shares"]) > 1:
+        if two:
             second = round_two_design(pub, output, design)
             stats = self._stage_c(pub, second)
             a, b = self._round_logpdf(output, stats, second["noise"], "_2")
@@ -1352,6 +1407,7 @@ class KLCertified(Mechanism):
                        "sums": pub.budget.sums, "scatter": pub.budget.scatter,
                        "classes": pub.budget.classes,
                        **({"locate": pub.budget.locate} if pub.budget.locate > 0 else {}),
+                       **({"tails": pub.budget.tails} if pub.budget.tails > 0 else {}),
                        **({"counts_all": pub.budget.counts_all}
                           if pub.budget.counts_all > 0 else {})},
             "classes_declared": declared,
