@@ -499,7 +499,7 @@ def tail_caps(pub: PublicInputs, tails: np.ndarray) -> np.ndarray:
     bin). A function of released values."""
     H = np.asarray(tails, dtype=float)[:, 1:]
     over = H > pub.settings["tails_z"] * pub.tails_sd  # NaN: not over
-    K, J = H.shape
+    J = H.shape[1]
     last = np.where(over.any(axis=1), J - np.argmax(over[:, ::-1], axis=1), 0)
     cap = pub.region_radius**2 * 2.0 ** last.astype(float)
     return np.where(last >= J, np.inf, cap)
@@ -1431,7 +1431,8 @@ def _pooled(pub: PublicInputs, output: dict, n, means, means_cov, m1,
 
 def stage_c_design(pub: PublicInputs, output: dict) -> dict:
     """Recompute the design of stage C's first round from the released values of stages A and
-    B (and whether a second round follows)."""
+    B (and whether a second round follows); a single round's radii capped by stage T when
+    ``output`` holds it (:func:`capped`)."""
     n, m1, C1 = centres(pub, output["counts"], output["sums"])
     shares = round_shares(pub, n)
     # the first of two rounds reads the public subset (statistics and noise scaled by c):
@@ -1465,17 +1466,18 @@ def stage_c_design(pub: PublicInputs, output: dict) -> dict:
 
 
 def capped(pub: PublicInputs, output: dict, design: dict) -> dict:
-    """A single round's design with its radii capped by stage T (:func:`tail_caps`), which
-    was read in this design's regions: the same regions (centres and shapes), the radii and
-    noise scales recomputed. A class whose region is the stage-A ball keeps its radius (its
-    shape is scaled by it). With two rounds stage T is read in the second's regions and caps
-    its radii only (:func:`round_two_design`): the first only shapes the second's regions."""
+    """The design of stage C's last round (the single one, or the second of two: a round over
+    every row) with its radii capped by stage T (:func:`tail_caps`), which was read in this
+    design's regions: the same regions (centres and shapes, designed with the uncapped radii
+    and not recomputed), the radii and noise scales recomputed (``design["noise_of"]``: the
+    arguments of the round's :func:`class_noise`). A class whose region is the stage-A ball
+    keeps its radius (its shape is scaled by it). The first of two rounds only shapes the
+    second's regions and keeps its radii. :func:`stage_c_design` and :func:`round_two_design`
+    apply this themselves when ``output`` holds stage T; a release applies it once stage T is
+    drawn, to the design it read stage T in."""
     reg = design["regions"]
     cap = np.where(reg.is_global, np.inf, tail_caps(pub, output["tails"]))
     noise = class_noise(pub, *design["noise_of"], cap=cap)
-    c = design.get("scale", 1.0)
-    if c != 1.0:
-        noise = noise.scaled(c)
     return {**design, "noise": noise, "regions": replace(reg, radius=noise.radius)}
 
 
@@ -1608,7 +1610,8 @@ def _at_least(C: np.ndarray, B: np.ndarray) -> np.ndarray:
 def round_two_design(pub: PublicInputs, output: dict, first: dict | None = None) -> dict:
     """The second round of stage C, from the released values of stages A, B and the first
     round: every region re-centred on the combined mean and shaped by the class's own
-    estimated covariance (plus the mean's noise)."""
+    estimated covariance (plus the mean's noise); its radii capped by stage T when ``output``
+    holds it (:func:`capped`)."""
     first = stage_c_design(pub, output) if first is None else first
     n = first["n"]
     means, Cm, P, covs = _first_round(pub, output, first)
@@ -1637,7 +1640,8 @@ def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
 
     ``output`` holds the raw released arrays: ``counts``, ``sums`` (stage A), ``scatter``
     (stage B, replace-one), ``class_sums`` and ``class_scatter`` (stage C, in the class
-    regions' coordinates) and, after a second round, ``class_sums_2`` and ``class_scatter_2``.
+    regions' coordinates), after a second round ``class_sums_2`` and ``class_scatter_2``, and
+    ``tails`` (stage T) where the design has it.
     The design is recomputed from them exactly as the mechanism did, unless given: ``first``
     (:func:`stage_c_design`) and ``second`` (:func:`round_two_design`) of this ``output``.
     """

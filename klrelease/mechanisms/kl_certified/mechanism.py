@@ -1,7 +1,9 @@
 """``"kl-certified"``: the KL-minimising release with a proven (eps, delta) guarantee.
 
-The release is one Gaussian mechanism applied in three adaptive stages (design in
-:mod:`.design`, proof in ``kl_certified.md`` next to this file):
+The release is one Gaussian mechanism applied in adaptive stages (design in :mod:`.design`,
+proof in ``kl_certified.md`` next to this file; under replace-one the locating histograms of
+:mod:`.locate` come first, and where the radii of C could grow well past the chi-square radius
+a histogram of the rows' norms in C's last regions, stage T, caps them):
 
 A. the class counts, and the class sums of the rows in a public frame clipped to a ball of
    public radius (rough class centres);
@@ -803,7 +805,9 @@ class KLCertifiedPlan(Plan):
     Raw outputs are dicts of released arrays: ``counts`` (K,), ``sums`` (K, d), ``scatter``
     (d, d; replace-one), ``class_sums`` (K, d) and ``class_scatter`` (K, d, d) in the class
     regions' coordinates (zero, and not noised, for a class whose second moments the design
-    does not release).
+    does not release), and where the design has them ``locate_1``, ``locate_2`` (replace-one),
+    ``tails`` (K, TAIL_BINS + 1; stage T), ``class_sums_2``, ``class_scatter_2`` (a second
+    round) and ``counts_all`` (a one-pass release).
     """
 
     public: PublicInputs = None
@@ -1019,16 +1023,16 @@ class KLCertifiedPlan(Plan):
             E = np.asarray(output["scatter"], dtype=float) - self._stage_b(pub, m1)
             lc += float(symmetric_gaussian_logpdf(E, pub.scatter_sd))
         design = stage_c_design(pub, output)
-        two = len(design["shares"]) > 1
+        second = (round_two_design(pub, output, design) if len(design["shares"]) > 1
+                  else None)
         if pub.budget.tails > 0:  # in the last round's regions (capped or not: the same)
-            last = round_two_design(pub, output, design) if two else design
             lw += gaussian_logpdf(np.asarray(output["tails"], dtype=float)
-                                  - self._tails(pub, last), pub.tails_sd)
+                                  - self._tails(pub, design if second is None else second),
+                                  pub.tails_sd)
         stats = self._stage_c(pub, design)
         a, b = self._round_logpdf(output, stats, design["noise"], "")
         lm, lc = lm + a, lc + b
-        if two:
-            second = round_two_design(pub, output, design)
+        if second is not None:
             stats = self._stage_c(pub, second)
             a, b = self._round_logpdf(output, stats, second["noise"], "_2")
             lm, lc = lm + a, lc + b
