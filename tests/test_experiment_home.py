@@ -62,6 +62,28 @@ def test_the_oracle_bound_study_runs_from_its_command(tmp_path, capsys):
     assert set(kl) == {20.0, 1000.0} and kl[1000.0] < kl[20.0]
 
 
+def test_the_rate_in_n_study_runs_from_its_command(tmp_path, capsys):
+    """The quick study: Gaussian classes at N = 1e3 and 1e4; stage T is off at 1e3 (the same
+    release both ways) and on at 1e4, and E[KL] falls with N."""
+    assert main(["experiment", "rate-in-n", "--quick", "--draws", "2", "--out",
+                 str(tmp_path)]) == 0
+    folder = tmp_path / "certified"
+    text = (folder / "rate_in_n.md").read_text()
+    assert f"klrelease experiment rate-in-n --quick --draws 2 --out {tmp_path}" in text
+    import csv
+
+    rows = list(csv.DictReader((folder / "rate_in_n.csv").open()))
+    assert len(rows) == 4
+    for r in rows:
+        on = r["stage_t"] == "True"
+        assert on == (int(r["n"]) == 10_000)
+        if not on:
+            assert float(r["kl"]) == float(r["kl_growth_alone"])
+    for relation in ("label-flip", "replace-one"):
+        kl = {int(r["n"]): float(r["kl"]) for r in rows if r["relation"] == relation}
+        assert kl[10_000] < kl[1_000]
+
+
 def test_the_oracle_noise_spends_exactly_its_budget():
     import numpy as np
 

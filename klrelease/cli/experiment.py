@@ -74,6 +74,7 @@ def _extra_experiments() -> dict:
                                              "loose_bounds.md"),
             "oracle-bound": _certified_study("oracle-bound", "run_oracle_bound",
                                              "oracle_bound.md"),
+            "rate-in-n": _certified_study("rate-in-n", "run_rate_in_n", "rate_in_n.md"),
             "heldout": _certified_study("heldout", "run_heldout", "heldout.md"),
             "heldout-sweep": _certified_study("heldout-sweep", "run_heldout_sweep",
                                               "heldout_sweep.md"),
@@ -83,7 +84,7 @@ def _extra_experiments() -> dict:
 
 #: Options that only some studies take: option -> the studies that take it.
 STUDY_OPTIONS = {"--time-limit": ("solver-study",),
-                 "--draws": ("certified", "loose-bounds", "oracle-bound", "heldout",
+                 "--draws": ("certified", "loose-bounds", "oracle-bound", "rate-in-n", "heldout",
                              "heldout-sweep", "heldout-loose")}
 
 
@@ -125,8 +126,8 @@ def no_empty_folders(out: Path):
 def experiment_command(
     name: Annotated[str, typer.Argument(
         help="fig1..fig13, or a study: ppe-regimes, learners-regimes, learners-speed, "
-             "solver-study, certified, loose-bounds, oracle-bound, heldout, heldout-sweep, "
-             "heldout-loose")],
+             "solver-study, certified, loose-bounds, oracle-bound, rate-in-n, heldout, "
+             "heldout-sweep, heldout-loose")],
     quick: Annotated[bool, typer.Option("--quick", metavar="",
                                         help="a reduced run for CI (seconds)")] = False,
     trials: Annotated[int | None, typer.Option(
@@ -138,9 +139,9 @@ def experiment_command(
         "--time-limit", help="solver-study: seconds per solve (default 60, 10 with --quick)")
     ] = None,
     draws: Annotated[int | None, typer.Option(
-        "--draws", help="certified, loose-bounds, oracle-bound, heldout, heldout-sweep, "
-                        "heldout-loose: Monte Carlo draws per cell (defaults 100, 40, 20, 8, 8 "
-                        "and 8; with --quick 10, 4, 3, 2, 2 and 2)")
+        "--draws", help="certified, loose-bounds, oracle-bound, rate-in-n, heldout, "
+                        "heldout-sweep, heldout-loose: Monte Carlo draws per cell (defaults "
+                        "100, 40, 20, 10, 8, 8 and 8; with --quick 10, 4, 3, 2, 2, 2 and 2)")
     ] = None,
 ):
     """Reproduce one of the paper's figures, or a study: CSV of every trial, PNG and JSON."""
