@@ -396,7 +396,6 @@ class PublicInputs:
         """Noise sd of a locating histogram's counts (two rounds of equal share)."""
         return self.sample_scale * locate_sd(self.budget, self.n_features)
 
-
     @property
     def tails_sd(self) -> float:
         """Noise sd of stage T's counts (every count of the histogram; scaled like any stage
