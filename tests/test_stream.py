@@ -371,6 +371,27 @@ def test_dask_local_cluster_release_equals_in_memory(processes):
     assert from_frame.feature_names == ["u", "v", "w"]
 
 
+def test_dask_release_with_stage_t_equals_in_memory():
+    """At a budget where kl-certified releases stage T (the histogram of the rows' norms in the
+    last stage-C round's regions), its map runs on the workers like every other stage."""
+    da = pytest.importorskip("dask.array")
+    distributed = pytest.importorskip("distributed")
+
+    X, y = _data(n=20000, d=2, offset=5.0)
+    kw = dict(epsilon=50.0, delta=1e-6, seed=5, classes=CLASSES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert klrelease.plan(X, y, epsilon=50.0, delta=1e-6, classes=CLASSES,
+                              design="gaussian").public.budget.tails > 0
+        ref = klrelease.release(X, y, design="gaussian", **kw)
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                      dashboard_address=None) as cluster, \
+                distributed.Client(cluster) as client:
+            on_cluster = klrelease.release(da.from_array(X, chunks=(3000, 2)),
+                                           da.from_array(y, chunks=3000), client=client, **kw)
+    _assert_same_release(ref, on_cluster)
+
+
 def test_cli_release_from_parquet_streams_and_on_dask(tmp_path, monkeypatch):
     pytest.importorskip("distributed")
     from klrelease.artifact import Release
