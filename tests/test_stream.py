@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 
@@ -336,12 +337,22 @@ def test_source_refused_by_in_memory_mechanisms():
                           mechanism="ppe-gaussian")
 
 
+@contextlib.contextmanager
+def _local_client(processes: bool):
+    """A client of a two-worker, one-thread-each Dask LocalCluster on this machine."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=processes,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        yield client
+
+
 @pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
 def test_dask_local_cluster_release_equals_in_memory(processes):
     """Also with worker processes: every per-row map and merge crosses a process boundary."""
     da = pytest.importorskip("dask.array")
     dd = pytest.importorskip("dask.dataframe")
-    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("distributed")
     import pandas as pd
 
     X, y = _data(n=6000, d=3, offset=5.0)
@@ -349,9 +360,7 @@ def test_dask_local_cluster_release_equals_in_memory(processes):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = klrelease.release(X, y, **kw)
-        with distributed.LocalCluster(n_workers=2, threads_per_worker=1,
-                                      processes=processes, dashboard_address=None) as cluster, \
-                distributed.Client(cluster) as client:
+        with _local_client(processes) as client:
             Xd = da.from_array(X, chunks=(1100, 3))
             yd = da.from_array(y, chunks=1100)
             on_cluster = klrelease.release(Xd, yd, client=client, **kw)
@@ -375,7 +384,7 @@ def test_dask_release_with_stage_t_equals_in_memory():
     """At a budget where kl-certified releases stage T (the histogram of the rows' norms in the
     last stage-C round's regions), its map runs on the workers like every other stage."""
     da = pytest.importorskip("dask.array")
-    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("distributed")
 
     X, y = _data(n=20000, d=2, offset=5.0)
     kw = dict(epsilon=50.0, delta=1e-6, seed=5, classes=CLASSES)
@@ -384,9 +393,7 @@ def test_dask_release_with_stage_t_equals_in_memory():
         assert klrelease.plan(X, y, epsilon=50.0, delta=1e-6, classes=CLASSES,
                               design="gaussian").public.budget.tails > 0
         ref = klrelease.release(X, y, design="gaussian", **kw)
-        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                      dashboard_address=None) as cluster, \
-                distributed.Client(cluster) as client:
+        with _local_client(processes=False) as client:
             on_cluster = klrelease.release(da.from_array(X, chunks=(3000, 2)),
                                            da.from_array(y, chunks=3000), client=client, **kw)
     _assert_same_release(ref, on_cluster)
