@@ -430,11 +430,12 @@ def test_the_release_converges_as_epsilon_grows(relation):
 
 
 def _two_classes(n, heavy=False, seed=0):
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 2, n)
-    X = np.where(y[:, None] == 0, -4.0, 4.0) * np.array([1.0, 0.0]) + rng.normal(size=(n, 2))
-    if heavy:  # class 1 with t(2) tails
-        X[y == 1] = 4.0 * np.array([1.0, 0.0]) + rng.standard_t(2, size=(int(np.sum(y)), 2))
+    """The ``rate-in-n`` study's two Gaussian classes; ``heavy``: class 1 with t(2) tails."""
+    from klrelease.experiments.certified import rate_data
+
+    X, y = rate_data(n, None, seed)
+    if heavy:  # the same labels: rate_data draws them first from the seed
+        X[y == 1] = rate_data(n, 2.0, seed)[0][y == 1]
     return X, y
 
 
