@@ -518,6 +518,33 @@ def test_stage_t_brings_light_tailed_releases_closer_to_the_fit(monkeypatch):
     assert with_t < 0.4 * without, (with_t, without)
 
 
+def test_far_stratum_brings_heavy_tails_beyond_the_sample_to_the_every_row_release(
+        monkeypatch):
+    """Label flip, t(2.5) classes, N = 2e5 (three times the public sample): the tail
+    corrections read each feature's extreme rows themselves (the far stratum) and the release
+    is as close to the fit as when every row is in the public sample; with the sample alone
+    (its few extreme rows scaled by N over its size) it is several times further."""
+    from klrelease.experiments.certified import rate_data
+    from klrelease.stream import sample as rows
+
+    def kl(seed):
+        X, y = rate_data(200_000, 2.5, seed)
+        fit = kr.fit_gmm(X, y)
+        ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1))
+        p = kr.plan(X, y, epsilon=4.0, delta=1e-6, classes=[0, 1], design="gaussian")
+        return kr.expected_kl(p, ref, n_draws=6, seed=1).mean
+
+    seeds = (0, 2, 3)
+    far = sum(kl(s) for s in seeds)
+    monkeypatch.setattr(rows, "SAMPLE_ROWS", 1 << 20)
+    every = sum(kl(s) for s in seeds)
+    monkeypatch.setattr(rows, "SAMPLE_ROWS", 1 << 16)
+    monkeypatch.setattr(rows, "FAR_ROWS", 0)
+    sample_alone = sum(kl(s) for s in seeds)
+    assert far < 1.3 * every, (far, every)
+    assert sample_alone > 2.0 * far, (sample_alone, far)
+
+
 def test_the_design_reads_public_inputs_only():
     """Label flip: the design (response or gaussian) is a function of epsilon, delta, N, K and
     d: neighbours get the same design, and it switches to response as epsilon grows."""

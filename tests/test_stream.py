@@ -22,7 +22,7 @@ from klrelease.stream import (
     bounded_class_moments,
     chunk_moments,
 )
-from klrelease.stream.sample import RowSample, sample_rows
+from klrelease.stream.sample import FarRows, RowSample, far_rows, public_strata, sample_rows
 
 CLASSES = [0, 1, 2]
 
@@ -177,6 +177,112 @@ def test_labelled_row_sample_is_the_same_for_any_merge_tree(n, size, n_cuts, see
     np.testing.assert_array_equal(got_codes, codes[idx])
 
 
+def _far_brute_force(X, m):
+    """The far stratum by its definition: per feature, the m largest and m smallest values'
+    rows, ties broken by the lower priority."""
+    from klrelease.stream.sample import row_priorities
+
+    pri = row_priorities(0, X.shape[0])
+    want = set()
+    for j in range(X.shape[1]):
+        for x in (X[:, j], -X[:, j]):
+            want |= set(pri[np.lexsort((pri, -x))[:m]].tolist())
+    return want
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 3000), m=st.integers(1, 40), d=st.integers(1, 4),
+       n_cuts=st.integers(0, 12), seed=st.integers(0, 10_000))
+def test_far_stratum_is_each_features_extremes_for_any_merge_tree(n, m, d, n_cuts, seed):
+    """The far stratum: each feature's m largest and m smallest values (ties, repeated values
+    included, broken by the row's priority), the same set from any chunking and any merge
+    tree, in order with cuts (as in memory) or in any order (as Dask merges)."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_t(2.0, size=(n, d))
+    X[:, 0] = np.round(X[:, 0])  # many ties
+    want = _far_brute_force(X, m)
+    got, rows = far_rows(X, m, block=int(rng.integers(1, 700)))
+    assert set(got.tolist()) == want and rows.shape == (len(want), d)
+    from klrelease.stream.sample import sample_indices
+
+    # one pass from a sample's thresholds (too few candidates on a side: its exact value)
+    for size in (5, 200):
+        by_sample = far_rows(X, m, sample=X[sample_indices(n, size)])
+        np.testing.assert_array_equal(by_sample[0], got)
+        np.testing.assert_array_equal(by_sample[1], rows)
+    cuts = np.concatenate([[0, n], rng.integers(0, n + 1, n_cuts)])
+    cuts.sort()
+    parts = [FarRows.of(X[a:b], int(a), m) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    while len(parts) > 1:
+        i = int(rng.integers(0, len(parts) - 1))
+        a, b = parts[i], parts[i + 1]
+        if rng.random() < 0.5:
+            a, b = b, a
+        if rng.random() < 0.3:
+            a.trim()
+        parts[i:i + 2] = [a.merge(b)]
+    pri, R = parts[0].rows()
+    assert set(pri.tolist()) == want
+    from klrelease.stream.sample import row_priorities
+
+    index = {int(p): i for i, p in enumerate(row_priorities(0, n))}
+    np.testing.assert_array_equal(R, X[[index[int(p)] for p in pri]])
+
+
+def test_far_stratum_keeps_its_rows_when_units_change_and_counts_every_row_once():
+    """Large chunks (each reduced to its candidates by a subsample threshold) give the exact
+    set; a feature's units (scale, sign, shift) do not change it; the public row set weighs
+    the far rows one each and the others' sample so that the weights sum to N."""
+    from klrelease.stream.sample import sample_indices
+
+    rng = np.random.default_rng(3)
+    n, m = 300_000, 50
+    X = rng.standard_t(2.5, size=(n, 3))
+    got = far_rows(X, m)[0]
+    assert set(got.tolist()) == _far_brute_force(X, m)
+    np.testing.assert_array_equal(far_rows(X, m, sample=X[sample_indices(n, 4000)])[0], got)
+    Z = X * np.array([1e4, -1e-3, 1.0]) + np.array([5.0, 0.0, -7.0])
+    np.testing.assert_array_equal(far_rows(Z, m)[0], got)
+    from klrelease.stream.sample import priorities_of
+
+    idx = sample_indices(n, 4000)
+    rows, w, k = public_strata(n, (priorities_of(idx), X[idx]), far_rows(X, m))
+    assert k == 4000 and rows.shape[0] == w.shape[0] > 4000
+    assert abs(w.sum() - n) < 1e-6 * n
+    far = w == 1.0
+    assert far.sum() == got.size  # every far row once (in the sample or after it)
+    # a tail sum: the far rows counted themselves, the rest by the sample, N rows in all
+    q = np.sum(X**2, axis=1)
+    top = np.sort(q)[-20:].sum()
+    assert abs(w[far] @ np.sum(rows[far] ** 2, axis=1) - np.sum(q[np.isin(
+        priorities_of(np.arange(n)), got)])) < 1e-9 * top
+    # at most the sample's size: every row, no weights
+    assert public_strata(3000, (priorities_of(np.arange(3000)), X[:3000]),
+                         far_rows(X[:3000], m))[1] is None
+
+
+@pytest.mark.parametrize("n", [100_000, 3_000_000, 100_000_000])
+@pytest.mark.parametrize("d", [2, 10, 40])
+def test_far_stratum_is_called_for_by_tails_heavier_than_gaussian(n, d):
+    """Read where the sample shows a tail heavier than a Gaussian's (one t(5) feature among
+    Gaussian ones; a log-normal one), not for separated Gaussian classes (the benchmark's
+    data), whatever their units, nor when the sample is every row."""
+    from klrelease.stream.sample import far_called_for, far_per_feature
+
+    rng = np.random.default_rng(d)
+    k, m = 65536, far_per_feature(d)
+    centres = rng.normal(scale=3.0, size=(10, d))
+    G = (centres[rng.integers(0, 10, k)] + rng.normal(size=(k, d))) * np.logspace(-3, 3, d)
+    G += 7.0
+    assert not far_called_for(G, n, m)
+    assert not far_called_for(G, k, m)
+    H = G.copy()
+    H[:, -1] = rng.standard_t(5.0, k)
+    assert far_called_for(H, n, m)
+    H[:, -1] = np.exp(0.5 * rng.normal(size=k)) * 1e-4
+    assert far_called_for(H, n, m)
+
+
 def test_row_sample_ignores_values_units_and_repeats():
     """The sample is a set of row indices: repeated values are sampled in proportion, and
     changing the units of a feature keeps the same rows (so the stage-A radius is
@@ -213,18 +319,27 @@ def _assert_same_release(a, b, rtol=1e-8):
 
 @pytest.mark.parametrize("adjacency,extra,sample,stage", [
     ("label-flip", {}, None, None), ("label-flip", {}, 300, None),
+    ("label-flip", {"design": "gaussian"}, 500, "far"),
     ("replace-one", {"norm_bound": 40.0}, None, None),
     ("label-flip", {}, None, 1000), ("replace-one", {"norm_bound": 40.0}, None, 1000)])
 def test_streamed_release_equals_in_memory(adjacency, extra, sample, stage, monkeypatch):
     """Same seed, same release; with ``sample=300`` the stage-A radius comes from a sample of
     300 of the 4000 rows, which the streamed pass must pick exactly as in memory; with
     ``stage=1000`` the early stages read a labelled sample of 1000 rows, the same rows in
-    memory and streamed."""
+    memory and streamed; with ``stage="far"`` the public row set is a sample of 500 rows and
+    the far stratum (each feature's 10 largest and smallest values' rows), the same rows and
+    weights in memory and streamed."""
     if sample is not None:
         monkeypatch.setattr("klrelease.stream.sample.SAMPLE_ROWS", sample)
-    if stage is not None:
+    if stage == "far":  # a far stratum of 10 rows per side of each feature
+        monkeypatch.setattr("klrelease.stream.sample.FAR_ROWS", 60)
+    elif stage is not None:
         monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", stage)
     X, y = _data(n=4000, d=3, offset=20.0)
+    if stage == "far":  # a heavy-tailed feature: the far stratum is called for
+        X[:, 2] += np.random.default_rng(4).standard_t(2.0, X.shape[0])
+        p = klrelease.plan(X, y, epsilon=1.0, delta=1e-6, classes=CLASSES, design="gaussian")
+        assert p.public.public_weights is not None and p.public.public_rows.shape[0] > 500
     kw = dict(epsilon=1.0, delta=1e-6, seed=11, classes=CLASSES, adjacency=adjacency, **extra)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -396,6 +511,27 @@ def test_dask_release_with_stage_t_equals_in_memory():
         with _local_client(processes=False) as client:
             on_cluster = klrelease.release(da.from_array(X, chunks=(3000, 2)),
                                            da.from_array(y, chunks=3000), client=client, **kw)
+    _assert_same_release(ref, on_cluster)
+
+
+def test_dask_release_with_a_far_stratum_equals_in_memory(monkeypatch):
+    """Label flip with more rows than the public sample: the far stratum's partial sets are
+    merged on the workers like the sample's, and the release is the in-memory one."""
+    da = pytest.importorskip("dask.array")
+    pytest.importorskip("distributed")
+    monkeypatch.setattr("klrelease.stream.sample.SAMPLE_ROWS", 700)
+    monkeypatch.setattr("klrelease.stream.sample.FAR_ROWS", 90)
+    X, y = _data(n=6000, d=3, offset=5.0)
+    X[:, 1] = np.random.default_rng(2).standard_t(2.0, 6000)
+    kw = dict(epsilon=2.0, delta=1e-6, seed=5, classes=CLASSES, design="gaussian")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert klrelease.plan(X, y, **{k: v for k, v in kw.items() if k != "seed"}
+                              ).public.public_weights is not None
+        ref = klrelease.release(X, y, **kw)
+        with _local_client(processes=False) as client:
+            on_cluster = klrelease.release(da.from_array(X, chunks=(1100, 3)),
+                                           da.from_array(y, chunks=1100), client=client, **kw)
     _assert_same_release(ref, on_cluster)
 
 

@@ -18,7 +18,7 @@ import csv as _csv
 import glob
 import operator
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,7 @@ from .moments import (
     class_sums,
     pooled_moments,
 )
-from .sample import RowSample
+from .sample import FarRows, RowSample
 
 __all__ = [
     "Source",
@@ -187,7 +187,7 @@ class Source:
         return self.scan(_ChunkMoments(len(self.resolve_classes()), f), _merge_moments, None)
 
     def pooled_and_sample(self, size: int | None = None, *, check_labels: bool = False,
-                          labelled: int | None = None):
+                          labelled: int | None = None, far: int | None = None):
         """One pass over the features: the count, mean and centred scatter of all rows (as
         one class), and the :mod:`~klrelease.stream.sample` of ``size`` rows (default
         :data:`~klrelease.stream.sample.SAMPLE_ROWS`) chosen by their index. For public
@@ -195,14 +195,23 @@ class Source:
         is validated (among the declared classes) in the same pass, before any noise. With
         ``labelled``, the labels are validated too and two more values are returned (private):
         the class counts (K,) and the sample of ``labelled`` rows with their class codes,
-        ``(rows, codes)`` in priority order."""
+        ``(rows, codes)`` in priority order. With ``far`` (``m``), the sample is returned as
+        ``(priorities, rows)`` and the far stratum of the features
+        (:class:`~klrelease.stream.sample.FarRows`: each feature's ``m`` largest and smallest
+        values' rows), ``(priorities, rows)``, is appended (public, like the sample)."""
         classes = self.resolve_classes() if check_labels or labelled else None
         self.resolve_classes()
-        out = self.reduce(_PooledSample(self.n_features, size, classes, labelled),
-                          _merge_pairs, None, indexed=True)
+        # (read in order, each chunk's far candidates are those beyond the cuts of the rows
+        # before it: `hint`, which the merge keeps up to date; a chunk read elsewhere, e.g.
+        # on a Dask worker, finds its own candidates: the same set either way)
+        hint = {} if far else None
+        out = self.reduce(_PooledSample(self.n_features, size, classes, labelled, far, hint),
+                          _NotingCut(hint), None, indexed=True)
+        sample = out[1].values() if far is None else out[1].with_priorities()
+        extra = () if far is None else (out[-1].rows(),)
         if labelled is None:
-            return out[0], out[1].values()
-        return out[0], out[1].values(), out[2], out[3].labelled()
+            return (out[0], sample, *extra)
+        return (out[0], sample, out[2], out[3].labelled(), *extra)
 
     def counts_and_sample(self, size: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
         """One pass: the class counts (K,) and the sample of ``size`` rows chosen by their
@@ -490,14 +499,20 @@ class _PooledSample:
     size: int | None
     classes: tuple | None = None  # validate the labels too
     labelled: int | None = None  # and keep a sample of this many rows with their labels
+    far: int | None = None  # and the far stratum of the features (m per side of each)
+    hint: dict | None = field(default=None, compare=False)  # {"cut": the merged rows' cuts}
 
     def __call__(self, X, y, offset):
         X, codes = _chunk(X, y, self.d, self.classes)
         out = (pooled_moments(X), RowSample.of(X, offset, self.size))
-        if self.labelled is None:
+        if self.labelled is not None:
+            out = (*out, np.bincount(codes, minlength=len(self.classes)).astype(float),
+                   RowSample.of(X, offset, self.labelled, codes))
+        if self.far is None:
             return out
-        return (*out, np.bincount(codes, minlength=len(self.classes)).astype(float),
-                RowSample.of(X, offset, self.labelled, codes))
+        cut = None if self.hint is None else self.hint.get("cut")
+        return (*out, FarRows.of(X, offset, self.far, cut) if self.far > 0
+                else FarRows(0, np.empty(0, np.uint64), np.empty((0, X.shape[1]))))
 
 
 @dataclass(frozen=True)
@@ -523,6 +538,19 @@ def _merge_pairs(a, b):
         return b
     return tuple(u.merge(v) if hasattr(u, "merge") else u + v
                  for u, v in zip(a, b, strict=True))
+
+
+@dataclass(frozen=True)
+class _NotingCut:
+    """:func:`_merge_pairs`, noting the far stratum's cuts (the last item) in ``hint``."""
+
+    hint: dict | None
+
+    def __call__(self, a, b):
+        out = _merge_pairs(a, b)
+        if self.hint is not None and out[-1].cut is not None:
+            self.hint["cut"] = out[-1].cut
+        return out
 
 
 def _merge_range(a, b):

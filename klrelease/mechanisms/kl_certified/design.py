@@ -357,6 +357,10 @@ class PublicInputs:
     #: when given, the sample is ``public_rows[public_index]`` (rows kept in another order,
     #: read through the index: :func:`public_sample`)
     public_index: np.ndarray | None = None
+    #: when given, each public row's weight (in the sample's order): the rows it stands for
+    #: (:func:`klrelease.stream.sample.public_strata`: one for a row of the far stratum);
+    #: ``None``: every row stands for ``n_samples`` over the sample's size
+    public_weights: np.ndarray | None = None
     settings: dict = field(default_factory=lambda: dict(SETTINGS))
     #: replace-one, once located: the bound's frame composed with the located frame
     located: object = None
@@ -732,6 +736,13 @@ def _public_count(pub: PublicInputs) -> int:
     return (pub.public_rows if index is None else index).shape[0]
 
 
+def public_row_weights(pub: PublicInputs) -> np.ndarray | float:
+    """The rows each public row stands for: ``pub.public_weights``, or N over the sample's
+    size for every row (a sample of rows chosen by their index alone)."""
+    w = getattr(pub, "public_weights", None)
+    return pub.n_samples / _public_count(pub) if w is None else w
+
+
 #: Single-precision products of the public rows (:func:`single_precision`) are taken only
 #: when every sum of their squares stays below this (float32 overflows at 3.4e38, 2^128) and
 #: no entry of the matrix they multiply exceeds :data:`SINGLE_MATRIX`.
@@ -868,7 +879,9 @@ def public_shapes(pub: PublicInputs, resp: np.ndarray | None, means: np.ndarray,
         return None
     K, d = pub.n_classes, pub.n_features
     out = np.empty((K, d, d))
-    w = resp.sum(axis=0)  # every class's total weight, summed once
+    rows = getattr(pub, "public_weights", None)
+    # every class's total weight, summed once
+    w = resp.sum(axis=0) if rows is None else rows @ resp
     for k in range(K):
         public_shape(pub, resp, means, pooled, k, out=out[k], weight=w[k])
     return out
@@ -880,8 +893,12 @@ def public_shape(pub: PublicInputs, resp: np.ndarray, means: np.ndarray, pooled:
     """Class ``k`` of :func:`public_shapes` (into ``out``); ``weight``: the class's total
     weight ``resp.sum(axis=0)[k]``, if the caller has it."""
     d = pub.n_features
+    rows = getattr(pub, "public_weights", None)  # (stratified: each row by its weight)
     # (the column sums as public_shapes takes them: the same rounding)
-    w = resp.sum(axis=0)[k] if weight is None else weight
+    if weight is not None:
+        w = weight
+    else:
+        w = resp.sum(axis=0)[k] if rows is None else (rows @ resp)[k]
     step = row_block(d)
     on = np.flatnonzero(resp[:, k] > NEGLIGIBLE_POSTERIOR)
     S = np.zeros((d, d))
@@ -891,7 +908,7 @@ def public_shape(pub: PublicInputs, resp: np.ndarray, means: np.ndarray, pooled:
         b = on[a:a + step]
         A = public_sample(pub, b)
         A -= means[k]
-        A *= np.sqrt(resp[b, k:k + 1])
+        A *= np.sqrt(resp[b, k:k + 1] if rows is None else (resp[b, k] * rows[b])[:, None])
         S += A.T @ A  # a Gram of one array: a symmetric rank-k update
         del A
     S /= max(w, 1e-300)
@@ -904,19 +921,24 @@ def public_shape(pub: PublicInputs, resp: np.ndarray, means: np.ndarray, pooled:
 
 def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     """Label flip: what the clip removed from each class's sums and second moments, estimated
-    from the public rows given to the class by their posterior (region coordinates, scaled
-    from the row sample to N rows). Added to the released moments, it replaces the Gaussian
-    clip factors: a heavy tail that the clip cut is put back where the public rows say it is.
+    from the public rows given to the class by their posterior (region coordinates, each row
+    weighted by the rows it stands for: :func:`public_row_weights`). Added to the released
+    moments, it replaces the Gaussian clip factors: a heavy tail that the clip cut is put
+    back where the public rows say it is. The far stratum of the public rows holds the rows
+    of each feature's extremes at weight one: the rows that weigh most in a heavy tail are
+    counted themselves, not stood for by a few sampled rows scaled by N over the sample.
     """
     K, d = pub.n_classes, pub.n_features
-    scale = pub.n_samples / _public_count(pub)
+    scale = public_row_weights(pub)
+    rows = None if np.ndim(scale) == 0 else scale
+    top = float(scale) if rows is None else float(np.max(rows, initial=1.0))
     E1, E2 = np.zeros((K, d)), np.zeros((K, d, d))
     step = row_block(d)
     T, index = pub.public_rows, getattr(pub, "public_index", None)
     for k in range(K):
         on = np.flatnonzero(resp[:, k] > NEGLIGIBLE_POSTERIOR)
         r = float(reg.radius[k])
-        dt = single_precision(pub, reg.centres[k], reg.W[k], scale)
+        dt = single_precision(pub, reg.centres[k], reg.W[k], top)
         c, W = reg.centres[k].astype(dt), reg.W[k].astype(dt)
         for a in range(0, on.size, step):  # in blocks of rows: bounded memory
             b = on[a:a + step]
@@ -931,7 +953,7 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
                 out = np.flatnonzero(q > r * r)
                 U = U[out]
                 f = r / np.sqrt(q[out])
-                w = resp[b[out], k] * scale
+                w = resp[b[out], k] * (scale if rows is None else rows[b[out]])
                 E1[k] += (w * (1.0 - f)).astype(U.dtype) @ U
                 U *= np.sqrt(w * np.maximum(1.0 - f * f, 0.0)).astype(U.dtype)[:, None]
                 E2[k] += U.T @ U

@@ -680,18 +680,37 @@ _STREAMED_BOUND = ("bounds_from_data=True needs the data in memory; give a publi
                    "(bounds= or norm_bound=) for streamed data")
 
 
+def _public_set(frame: Frame, n: int, sample, far):
+    """Label flip: the public row set in the frame, its rows' weights and the sample's size
+    (:func:`~klrelease.stream.sample.public_strata`) from the row sample (its rows, or
+    ``(priorities, rows)``) and the far stratum ``far`` (``(priorities, rows)`` or
+    ``None``), raw."""
+    from ...stream.sample import far_called_for, far_per_feature, public_strata
+
+    if not isinstance(sample, tuple):
+        rows = frame.to_frame(sample)
+        return rows, None, rows.shape[0]
+    pri, rows = sample
+    if far is not None and far_called_for(rows, n, far_per_feature(frame.W.shape[0])):
+        far = (far[0], frame.to_frame(far[1]) if far[0].size else far[1])
+    else:
+        far = None
+    return public_strata(n, (pri, frame.to_frame(rows)), far)
+
+
 def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_bound,
                   budget_of, pooled=None, one_pass_sample=None):
     """Passes over a chunked source for everything the plan needs before noise is drawn.
 
     Returns a dict: ``frame, rows, early, scale, n_early, N, R, total_scatter, sums, counts,
-    total_sums, where, window, public_rows``.
+    total_sums, where, window, public_rows, public_weights``.
     Pass 1 validates every row and label before any noise is drawn and keeps the labelled
     sample of :func:`~klrelease.stream.sample.stage_rows` rows chosen by their index. With
     more rows than that, the early stages read the sample in memory (``early``; their
     statistics and noise scaled by ``scale`` = N / its rows) and only the last stage-C round
     passes over every row again. Label flip: pass 1 also reads the features (their count,
-    mean and covariance: the frame; the row sample that gives the radius R); stage A passes
+    mean and covariance: the frame; the row sample that gives the radius R; the far stratum
+    of the public row set, :func:`~klrelease.stream.sample.public_strata`); stage A passes
     over every row unless the sample stands in. Replace-one: pass 1 counts the classes.
 
     ``one_pass_sample``: the sample of a one-pass release of more rows than it holds, ``(N,
@@ -701,7 +720,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     sample are the sample's; the counts (``counts_sampled``) are the sample's, and the one
     pass over every row, stage C's last round, counts every row too.
     """
-    from ...stream.sample import stage_rows
+    from ...stream.sample import far_per_feature, stage_rows
 
     d = source.n_features
     K = len(source.resolve_classes())
@@ -710,15 +729,17 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
              _pass_one_of_sample(one_pass_sample, K, relation == Adjacency.LABEL_FLIP))
     if relation == Adjacency.LABEL_FLIP:
         got = pooled if pooled is not None else (
-            first if first is not None else source.pooled_and_sample(labelled=S))
+            first if first is not None else source.pooled_and_sample(
+                labelled=S, far=far_per_feature(d)))
         m0, sample = got[:2]
         N = int(round(m0.counts[0]))
         mean, C, M2 = _pooled_covariance(m0)
         frame = whitening_frame(mean, C)
         clip, where, window = None, "the public features (whitened)", None
         sampled = N > S
-        public_rows = frame.to_frame(sample)
-        R = sample_radius(frame, sample, budget_of(N), S if sampled else N, K, public_rows)
+        public_rows, public_weights, k = _public_set(frame, N, sample,
+                                                     got[4] if len(got) > 4 else None)
+        R = sample_radius(frame, None, budget_of(N), S if sampled else N, K, public_rows[:k])
         total_scatter = frame_scatter(frame, M2)
         early, c = None, 1.0
         if not sampled:
@@ -732,7 +753,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
         return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
                     N=N, R=R, total_scatter=total_scatter, sums=sums, counts=counts,
                     total_sums=total, where=where, window=window, public_rows=public_rows,
-                    counts_sampled=first is not None)
+                    public_weights=public_weights, counts_sampled=first is not None)
     if bounds_from_data:
         raise ValueError(_STREAMED_BOUND)
     domain = _public_bound(source.domain, norm_bound, False, d)
@@ -746,7 +767,7 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
     return dict(frame=frame, rows=_StreamRows(source, frame, clip), early=early, scale=c,
                 N=N, R=R, total_scatter=None, sums=None, counts=counts, total_sums=None,
                 where="the public bound, located by noisy histograms",
-                window=_bound_window(domain), public_rows=None,
+                window=_bound_window(domain), public_rows=None, public_weights=None,
                 counts_sampled=first is not None)
 
 
@@ -1121,6 +1142,8 @@ class KLCertified(Mechanism):
         T = index = None
         if isinstance(data, Source):
             m0, sample = (data.pooled_and_sample() if pooled is None else pooled)[:2]
+            if isinstance(sample, tuple):  # (priorities, rows): the rows
+                sample = sample[1]
             N = int(round(m0.counts[0]))
             frame = whitening_frame(*_pooled_covariance(m0)[:2])
             rows = frame.to_frame(sample)
@@ -1247,7 +1270,7 @@ class KLCertified(Mechanism):
         if not lf and options["design"] == "response":
             raise ValueError("design='response' (randomized response on the labels) needs "
                              "label-flip adjacency: under replace-one the features are private")
-        from ...stream.sample import stage_rows
+        from ...stream.sample import far_per_feature, stage_rows
 
         one_pass = bool(options.get("one_pass", False))
         sample = None
@@ -1260,7 +1283,8 @@ class KLCertified(Mechanism):
                 sample = data.block_sample(stage_rows(data.n_features), sizes)
         # a chunked source's features are read once (count, mean, scatter, the row sample)
         if lf and isinstance(data, Source) and not one_pass:
-            pooled = data.pooled_and_sample(labelled=stage_rows(data.n_features))
+            pooled = data.pooled_and_sample(labelled=stage_rows(data.n_features),
+                                            far=far_per_feature(data.n_features))
         elif one_pass and lf:
             pooled = _pass_one_of_sample(sample, len(data.resolve_classes()), True)
         else:
@@ -1284,6 +1308,7 @@ class KLCertified(Mechanism):
                                   one_pass)
 
         extra, early, scale, public_index, counts_sampled = {}, None, 1.0, None, False
+        public_weights = None
         if isinstance(data, Source):  # streamed: passes over chunks, bounded memory
             got = stream_inputs(data, relation, bool(options["bounds_from_data"]),
                                 options["norm_bound"], budget_for, pooled, sample)
@@ -1291,6 +1316,7 @@ class KLCertified(Mechanism):
             total_scatter, sums, counts = got["total_scatter"], got["sums"], got["counts"]
             total_sums, where, window = got["total_sums"], got["where"], got["window"]
             public_rows, early, scale = got["public_rows"], got["early"], got["scale"]
+            public_weights = got["public_weights"]
             counts_sampled = bool(got.get("counts_sampled", False))
             budget = budget_for(N)
             K, d, bound_ok, classes = len(data.classes), data.n_features, True, data.classes
@@ -1306,7 +1332,16 @@ class KLCertified(Mechanism):
             N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
             budget = budget_for(N)
 
-            from ...stream.sample import SAMPLE_ROWS, sample_indices, stage_rows
+            from ...stream.sample import (
+                SAMPLE_ROWS,
+                far_called_for,
+                far_per_feature,
+                far_rows,
+                priorities_of,
+                public_strata,
+                sample_indices,
+                stage_rows,
+            )
 
             # every row in the frame once (clipped into the bound), in its own order, in one
             # array: every stage reads it through an index (the classes, grouped; the early
@@ -1338,8 +1373,18 @@ class KLCertified(Mechanism):
                     public_rows = np.take(T, lead[:SAMPLE_ROWS], axis=0)
                 else:
                     public_rows = T[:SAMPLE_ROWS]
+                k = public_rows.shape[0] if public_index is None else public_index.shape[0]
+                m = far_per_feature(d)
+                raw = np.take(data.X, lead[:SAMPLE_ROWS], axis=0) if N > SAMPLE_ROWS else None
+                if raw is not None and far_called_for(raw, N, m):
+                    # beside the sample, the far stratum of the features
+                    far = far_rows(data.X, m, sample=raw)
+                    public_rows, public_weights, k = public_strata(
+                        N, (priorities_of(lead[:SAMPLE_ROWS]), public_rows),
+                        (far[0], _frame_rows(far[1], frame, clip)))
                 # (the radius reads the sample's norms, sorted: the same from every row)
-                R = sample_radius(frame, None, budget, S if sampled else N, K, public_rows)
+                R = sample_radius(frame, None, budget, S if sampled else N, K,
+                                  public_rows[:k])
                 # the clipped total of every row only when no sample stands in
                 total_sums = None if sampled else _frame_sums(T, R)
                 stage_a = _CentredClip(np.zeros((K, d)), R)
@@ -1368,7 +1413,8 @@ class KLCertified(Mechanism):
             budget=budget, radius=R,
             region_radius=region_radius(d, SETTINGS["region_level"]),
             total_scatter=total_scatter, total_sums=total_sums, bound_window=window,
-            public_rows=public_rows, public_index=public_index, sample_scale=scale,
+            public_rows=public_rows, public_index=public_index, public_weights=public_weights,
+            sample_scale=scale,
             counts_sampled=counts_sampled,
         )
 
