@@ -295,19 +295,10 @@ class FarRows:
         if cut is None and n <= 8 * m * max(d, 1):
             return cls(m, row_priorities(offset, n), X)
         if cut is not None:
-            lo, hi = cut
+            idx = np.flatnonzero(_beyond(X, *cut))
         else:
             step = max(1, n // (8 * m))
-            sub = np.sort(X[::step], axis=0)
-            k = min(sub.shape[0] - 1, -(-2 * m // step))
-            lo, hi = sub[k].copy(), sub[sub.shape[0] - 1 - k].copy()
-            for j in range(d):
-                x = X[:, j]
-                if np.count_nonzero(x >= hi[j]) < m:  # too few: the exact m-th value
-                    hi[j] = np.partition(x, n - m)[n - m]
-                if np.count_nonzero(x <= lo[j]) < m:
-                    lo[j] = np.partition(x, m - 1)[m - 1]
-        idx = np.flatnonzero(_beyond(X, lo, hi))
+            idx = _candidates(X, np.sort(X[::step], axis=0), -(-2 * m // step), m)
         return cls(m, priorities_of(idx.astype(np.uint64) + np.uint64(offset)), X[idx])
 
     def _consolidate(self) -> None:
@@ -381,40 +372,55 @@ def far_rows(X: np.ndarray, m: int, sample: np.ndarray | None = None,
     n, d = X.shape
     if m <= 0:
         return np.empty(0, np.uint64), np.empty((0, d))
-    if sample is None or n <= 8 * m * max(d, 1):
+    if sample is None or len(sample) == 0 or n <= 8 * m * max(d, 1):
         acc = None
         for a in range(0, n, block):  # (in order: each block read beyond the cuts)
             part = FarRows.of(X[a:a + block], a, m, None if acc is None else acc.cut)
             acc = part if acc is None else acc.merge(part)
         return acc.rows() if acc is not None else (np.empty(0, np.uint64), np.empty((0, d)))
     k = sample.shape[0]
-    S = np.sort(sample, axis=0)
-    r = min(k - 1, max(8, int(np.ceil(2.0 * m * k / n))))  # rank in the sample
+    idx = _candidates(X, np.sort(sample, axis=0), int(np.ceil(2.0 * m * k / n)), m)
+    return FarRows(m, priorities_of(idx.astype(np.uint64)),
+                   np.asarray(X[idx], np.float64)).rows()
+
+
+def _candidates(X: np.ndarray, S: np.ndarray, r: int, m: int) -> np.ndarray:
+    """Indices of the rows of ``X`` at or beyond, on some feature, thresholds that at least
+    ``m`` rows reach on each side: the ``r``-th smallest and largest values (at least the
+    8th) of the sorted rows ``S`` (a sample of ``X``'s rows, each column sorted), or a side's
+    exact ``m``-th value where fewer than ``m`` rows reach the sample's (a superset of every
+    feature's ``m`` largest and smallest)."""
+    n, d = X.shape
+    k = S.shape[0]
+    r = min(k - 1, max(8, int(r)))
     lo, hi = S[r].copy(), S[k - 1 - r].copy()
-    keep = _beyond(X, lo, hi)
-    idx = np.flatnonzero(keep)
+    idx = np.flatnonzero(_beyond(X, lo, hi))
     C = X[idx]
+    short = False
     for j in range(d):  # a side with too few candidates: its exact m-th value
         if np.count_nonzero(C[:, j] >= hi[j]) < m:
-            hi[j] = np.partition(X[:, j], n - m)[n - m]
+            hi[j], short = np.partition(X[:, j], n - m)[n - m], True
         if np.count_nonzero(C[:, j] <= lo[j]) < m:
-            lo[j] = np.partition(X[:, j], m - 1)[m - 1]
-    if not np.array_equal(lo, S[r]) or not np.array_equal(hi, S[k - 1 - r]):
-        idx = np.flatnonzero(_beyond(X, lo, hi))
-        C = X[idx]
-    return FarRows(m, priorities_of(idx.astype(np.uint64)), np.asarray(C, np.float64)).rows()
+            lo[j], short = np.partition(X[:, j], m - 1)[m - 1], True
+    return np.flatnonzero(_beyond(X, lo, hi)) if short else idx
 
 
 def _beyond(X: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Rows at or beyond ``lo`` or ``hi`` on some feature (blocks that stay in cache, one
-    feature at a time)."""
+    """Rows at or beyond ``lo`` or ``hi`` on some feature, as a boolean mask: blocks of
+    rows compared as flat runs of values with the thresholds repeated along them (one long
+    loop per comparison, not one of ``d`` entries per row), the few hits mapped to rows."""
     n, d = X.shape
     keep = np.zeros(n, dtype=bool)
-    for a in range(0, n, 1 << 14):
-        B, kb = X[a:a + (1 << 14)], keep[a:a + (1 << 14)]
-        for j in range(d):
-            np.logical_or(kb, B[:, j] >= hi[j], out=kb)
-            np.logical_or(kb, B[:, j] <= lo[j], out=kb)
+    if n == 0 or d == 0:
+        return keep
+    step = max(1, (1 << 17) // d)
+    H, L = np.tile(hi, step), np.tile(lo, step)
+    for a in range(0, n, step):
+        B = np.ascontiguousarray(X[a:a + step]).reshape(-1)
+        m = B.size
+        hit = np.greater_equal(B, H[:m])
+        hit |= np.less_equal(B, L[:m])
+        keep[a + np.flatnonzero(hit) // d] = True
     return keep
 
 
