@@ -178,15 +178,19 @@ def test_labelled_row_sample_is_the_same_for_any_merge_tree(n, size, n_cuts, see
 
 
 def _far_brute_force(X, m):
-    """The far stratum by its definition: per feature, the m largest and m smallest values'
-    rows, ties broken by the lower priority."""
+    """The far stratum by its definition: per feature, the rows strictly above its m-th
+    largest value or below its m-th smallest (every row when there are fewer than m), by
+    their priorities."""
     from klrelease.stream.sample import row_priorities
 
-    pri = row_priorities(0, X.shape[0])
+    n = X.shape[0]
+    pri = row_priorities(0, n)
+    if n < m:
+        return set(pri.tolist())
     want = set()
     for j in range(X.shape[1]):
-        for x in (X[:, j], -X[:, j]):
-            want |= set(pri[np.lexsort((pri, -x))[:m]].tolist())
+        x = np.sort(X[:, j])
+        want |= set(pri[(X[:, j] > x[n - m]) | (X[:, j] < x[m - 1])].tolist())
     return want
 
 
@@ -194,15 +198,20 @@ def _far_brute_force(X, m):
 @given(n=st.integers(1, 3000), m=st.integers(1, 40), d=st.integers(1, 4),
        n_cuts=st.integers(0, 12), seed=st.integers(0, 10_000))
 def test_far_stratum_is_each_features_extremes_for_any_merge_tree(n, m, d, n_cuts, seed):
-    """The far stratum: each feature's m largest and m smallest values (ties, repeated values
-    included, broken by the row's priority), the same set from any chunking and any merge
-    tree, in order with cuts (as in memory) or in any order (as Dask merges)."""
+    """The far stratum: the rows beyond each feature's m-th largest and m-th smallest values
+    (rows tied with them left out, whatever their number), the same set from any chunking
+    and any merge tree, in order with cuts (as in memory) or in any order (as Dask merges),
+    and from a sample's thresholds in one pass."""
     rng = np.random.default_rng(seed)
     X = rng.standard_t(2.0, size=(n, d))
     X[:, 0] = np.round(X[:, 0])  # many ties
+    if d > 1:
+        X[:, 1] = rng.random(n) < 0.05  # a rare binary feature: all its extremes tie
     want = _far_brute_force(X, m)
     got, rows = far_rows(X, m, block=int(rng.integers(1, 700)))
     assert set(got.tolist()) == want and rows.shape == (len(want), d)
+    if n >= m:  # at most m - 1 rows a side of each feature
+        assert len(want) <= 2 * d * (m - 1)
     from klrelease.stream.sample import sample_indices
 
     # one pass from a sample's thresholds (too few candidates on a side: its exact value)
@@ -259,6 +268,27 @@ def test_far_stratum_keeps_its_rows_when_units_change_and_counts_every_row_once(
     # at most the sample's size: every row, no weights
     assert public_strata(3000, (priorities_of(np.arange(3000)), X[:3000]),
                          far_rows(X[:3000], m))[1] is None
+
+
+def test_far_stratum_leaves_tied_values_to_the_sample():
+    """A rare binary feature beside a heavy-tailed one: its extremes all tie, so none of its
+    rows is in the far stratum, and the public row set still counts its ones without bias
+    (a tie broken by the sample's own hash would put the sampled ones in the stratum and
+    leave the others unweighted). The stratum holds at most m - 1 rows a side."""
+    from klrelease.stream.sample import priorities_of, sample_indices
+
+    rng = np.random.default_rng(5)
+    n, m = 1_000_000, 60
+    X = np.column_stack([rng.random(n) < 0.02, rng.standard_t(2.5, n)]).astype(float)
+    far = far_rows(X, m, sample=X[sample_indices(n)])
+    assert far[0].size <= 2 * (m - 1)
+    idx = sample_indices(n)
+    rows, w, _ = public_strata(n, (priorities_of(idx), X[idx]), far)
+    ones = X[:, 0].sum()
+    assert abs(w @ rows[:, 0] - ones) < 0.05 * ones, (w @ rows[:, 0], ones)
+    # the heavy tail's squares: the far rows counted themselves, the rest sampled
+    sq = np.sum(X[:, 1] ** 2)
+    assert abs(w @ rows[:, 1] ** 2 - sq) < 0.1 * sq
 
 
 @pytest.mark.parametrize("n", [100_000, 3_000_000, 100_000_000])

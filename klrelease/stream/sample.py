@@ -246,114 +246,119 @@ def far_called_for(sample: np.ndarray, n: int, m: int) -> bool:
     return bool(np.any(share > FAR_GAIN * gauss))  # NaN (a constant feature): not heavy
 
 
-def _top(x: np.ndarray, pri: np.ndarray, m: int) -> np.ndarray:
-    """Positions of the ``m`` largest of ``x``, ties broken by the lower priority: exact."""
-    if x.size <= m:
-        return np.arange(x.size)
-    kth = np.partition(x, x.size - m)[x.size - m]
-    above = np.flatnonzero(x > kth)
-    tie = np.flatnonzero(x == kth)
-    tie = tie[np.argsort(pri[tie], kind="stable")[: m - above.size]]
-    return np.concatenate([above, tie])
-
-
 class FarRows:
-    """The far stratum of the public rows (label flip): for each feature, the ``m`` rows of
-    largest and the ``m`` of smallest value (ties: the lower priority, :func:`priorities_of`
-    of the row's index), with their priorities. A function of the features and the rows'
-    order alone, the same set however the rows are chunked or merged (in any order): each
-    part keeps a superset of its rows that can be in the set, and a consolidation keeps the
-    exact set of the rows it holds. Unit-free: scaling or shifting a feature keeps the set.
+    """The far stratum of the public rows (label flip): for each feature, the rows whose
+    value lies above its ``m``-th largest value or below its ``m``-th smallest (strictly:
+    rows tied with the ``m``-th value are left to the sample; every row when there are
+    fewer than ``m``), with their priorities (:func:`priorities_of`, which identify them).
+    A function of the feature values alone, the same set however the rows are chunked or
+    merged (in any order, any tree). Scaling or shifting a feature keeps the set (unless
+    rounding makes values tie).
 
     Beside the sample of rows chosen by their index, the far stratum puts the rows that
     weigh most in a tail (a heavy-tailed feature's extremes) into the public row set at
     weight one, where the sample would stand for them by a few rows scaled by N over its
-    size (:func:`public_strata`)."""
+    size (:func:`public_strata`). As the set reads the values alone, the sample's rows
+    outside it are a sample, by index, of the rows outside it.
 
-    __slots__ = ("m", "parts", "n", "cut")
+    The state, per side of each feature (``2 d`` sides: the values, then their negatives):
+    a floor ``f`` at most the side's ``m``-th largest value over all rows (so no row below
+    it can be in the set), the number of rows seen whose value is exactly ``f``, and every
+    row seen whose value exceeds ``f`` on some side (kept: its values and priority). A
+    merge takes each side's higher floor (counting the rows of the other part at it and
+    dropping those below); :meth:`trim` raises each floor to the ``m``-th largest value the
+    state holds (exact: the state holds every row's value above its floor), which is the
+    side's ``m``-th value itself once every row is merged."""
 
-    def __init__(self, m: int, priorities: np.ndarray, rows: np.ndarray):
+    __slots__ = ("m", "parts", "n", "floor", "count")
+
+    def __init__(self, m: int, priorities: np.ndarray, rows: np.ndarray,
+                 floor: np.ndarray | None = None, count: np.ndarray | None = None):
         self.m = int(m)
+        d = rows.shape[1] if rows.ndim == 2 else 0
         self.parts = [(priorities, rows)] if priorities.size else []
         self.n = int(priorities.size)
-        self.cut = None  # per feature (low, high): the m-th smallest and largest kept values
+        self.floor = np.full(2 * d, -np.inf) if floor is None else floor
+        self.count = np.zeros(2 * d) if count is None else count
 
     @property
-    def size(self) -> int:
-        return 2 * self.m * (self.parts[0][1].shape[1] if self.parts else 1)
+    def cut(self) -> tuple[np.ndarray, np.ndarray]:
+        """The floors as ``(low, high)`` per feature: no row strictly between them on every
+        feature can be in the set (a hint for reading further rows)."""
+        d = self.floor.size // 2
+        return -self.floor[d:], self.floor[:d]
 
     @classmethod
     def of(cls, X: np.ndarray, offset: int, m: int, cut=None) -> FarRows:
-        """The candidates among rows ``X`` (row ``offset`` first): for each feature, every
-        row at or beyond a threshold on each side, a superset of the rows that can be among
-        the extremes. The thresholds: ``cut`` (the cuts of rows already kept, when the
-        caller merges in order), or ones that at least ``m`` of these rows reach (from a
-        strided subsample of them, or exact where that falls short)."""
+        """The state of the rows ``X`` (row ``offset`` first). Its floors: ``cut`` (a
+        state's :attr:`cut`, from any rows of the same data), or thresholds that at least
+        ``m`` of these rows reach on each side (from a strided subsample of them, or a
+        side's exact ``m``-th value where that falls short); few rows are kept whole."""
         X = np.asarray(X, dtype=np.float64)
         n, d = X.shape
         m = int(m)
-        if cut is None and n <= 8 * m * max(d, 1):
+        if m <= 0 or (cut is None and n <= 8 * m * max(d, 1)):
             return cls(m, row_priorities(offset, n), X)
         if cut is not None:
-            idx = np.flatnonzero(_beyond(X, *cut))
+            lo, hi = cut
+            keep, _, eq = _scan(X, lo, hi)
         else:
             step = max(1, n // (8 * m))
-            idx = _candidates(X, np.sort(X[::step], axis=0), -(-2 * m // step), m)
-        return cls(m, priorities_of(idx.astype(np.uint64) + np.uint64(offset)), X[idx])
+            lo, hi, keep, eq = _floors(X, np.sort(X[::step], axis=0), -(-2 * m // step), m)
+        idx = np.flatnonzero(keep)
+        return cls(m, priorities_of(idx.astype(np.uint64) + np.uint64(offset)), X[idx],
+                   np.concatenate([hi, -lo]), eq)
 
-    def _consolidate(self) -> None:
+    def _rows(self) -> tuple[np.ndarray, np.ndarray | None]:
         if len(self.parts) > 1:
             self.parts = [(np.concatenate([q[0] for q in self.parts]),
                            np.concatenate([q[1] for q in self.parts]))]
+        return self.parts[0] if self.parts else (np.empty(0, np.uint64), None)
 
     def trim(self) -> FarRows:
-        """Keep exactly the extremes of the rows held (and the cuts they set)."""
-        if not self.parts:
+        """Raise each side's floor to the ``m``-th largest value held and keep only the rows
+        above a floor."""
+        p, X = self._rows()
+        if X is None:
             return self
-        self._consolidate()
-        p, X = self.parts[0]
-        d = X.shape[1]
-        keep = np.zeros(p.size, dtype=bool)
-        lo, hi = np.empty(d), np.empty(d)
-        for j in range(d):
-            a = _top(X[:, j], p, self.m)
-            b = _top(-X[:, j], p, self.m)
-            keep[a] = True
-            keep[b] = True
-            hi[j], lo[j] = X[a, j].min(), X[b, j].max()
-        idx = np.flatnonzero(keep)
-        self.parts = [(p[idx], X[idx])]
-        self.n = int(idx.size)
-        if p.size >= self.m:  # every feature held at least m rows: the cuts are binding
-            self.cut = (lo, hi)
+        Y = np.concatenate([X, -X], axis=1)
+        for s in range(Y.shape[1]):
+            y = Y[:, s]
+            above = y[y > self.floor[s]]
+            if above.size >= self.m:
+                v = np.partition(above, above.size - self.m)[above.size - self.m]
+                self.floor[s], self.count[s] = v, float(np.count_nonzero(above == v))
+        keep = np.any(Y > self.floor, axis=1)
+        if not keep.all():
+            self.parts = [(p[keep], X[keep])] if keep.any() else []
+        self.n = int(np.count_nonzero(keep))
         return self
 
     def merge(self, other: FarRows) -> FarRows:
-        """The candidates of both (rows inside both sides' cuts on every feature dropped)."""
-        out = FarRows(self.m, np.empty(0, np.uint64), np.empty((0, 0)))
-        cuts = [c for c in (self.cut, other.cut) if c is not None]
-        if cuts:  # the tighter of the two on each side (a row beyond it may be kept)
-            cut = (np.maximum.reduce([c[0] for c in cuts]),
-                   np.minimum.reduce([c[1] for c in cuts]))
-        else:
-            cut = None
-        for q in (*self.parts, *other.parts):
-            if cut is not None and q[0].size:
-                keep = np.any((q[1] <= cut[0]) | (q[1] >= cut[1]), axis=1)
-                if not keep.all():
-                    q = (q[0][keep], q[1][keep])
-            if q[0].size:
-                out.parts.append(q)
-                out.n += int(q[0].size)
-        out.cut = cut
-        return out.trim() if out.parts and out.n > 4 * out.size else out
+        """The state of both parts' rows."""
+        floor = np.maximum(self.floor, other.floor)
+        count = np.zeros(floor.size)
+        out = FarRows(self.m, np.empty(0, np.uint64), np.empty((0, floor.size // 2)),
+                      floor, count)
+        for part in (self, other):
+            same = part.floor == floor
+            count += np.where(same, part.count, 0.0)
+            for p, X in part.parts:
+                Y = np.concatenate([X, -X], axis=1)
+                # rows at a floor raised past this part's: counted there
+                count += np.count_nonzero((Y == floor) & ~same, axis=0)
+                keep = np.any(Y > floor, axis=1)
+                if keep.any():
+                    out.parts.append((p[keep], X[keep]))
+                    out.n += int(np.count_nonzero(keep))
+        return out.trim() if out.n > 8 * self.m * max(floor.size // 2, 1) else out
 
     def rows(self) -> tuple[np.ndarray, np.ndarray]:
         """``(priorities, rows)`` of the stratum, in priority order."""
         self.trim()
-        if not self.parts:
-            return np.empty(0, np.uint64), np.empty((0, 0))
-        p, X = self.parts[0]
+        p, X = self._rows()
+        if X is None:
+            return np.empty(0, np.uint64), np.empty((0, self.floor.size // 2))
         order = np.argsort(p)
         return p[order], X[order]
 
@@ -363,65 +368,72 @@ def far_rows(X: np.ndarray, m: int, sample: np.ndarray | None = None,
     """The far stratum of the rows ``X`` in memory (what a streamed pass keeps):
     ``(priorities, rows)`` in priority order (none when ``m`` is 0).
 
-    With ``sample`` (rows of ``X`` chosen by their index), one pass: each feature's
-    thresholds are the sample's values that about ``2 m`` of the rows should reach, every row
-    at or beyond one is a candidate, and a feature side with fewer than ``m`` candidates
-    takes its exact ``m``-th value instead; the exact set is then kept from the candidates.
-    Without, blocks of rows are read in order, each beyond the cuts of those before it."""
+    With ``sample`` (rows of ``X`` chosen by their index), one pass: each side's floor is
+    the sample's value that about ``2 m`` of the rows should reach (a side's exact ``m``-th
+    value where fewer than ``m`` do), and the state of every row above a floor is trimmed
+    to the set. Without, blocks of rows are read in order, each above the floors of those
+    before it."""
     X = np.asarray(X)
     n, d = X.shape
     if m <= 0:
         return np.empty(0, np.uint64), np.empty((0, d))
     if sample is None or len(sample) == 0 or n <= 8 * m * max(d, 1):
         acc = None
-        for a in range(0, n, block):  # (in order: each block read beyond the cuts)
+        for a in range(0, n, block):  # (in order: each block read above the floors)
             part = FarRows.of(X[a:a + block], a, m, None if acc is None else acc.cut)
             acc = part if acc is None else acc.merge(part)
         return acc.rows() if acc is not None else (np.empty(0, np.uint64), np.empty((0, d)))
     k = sample.shape[0]
-    idx = _candidates(X, np.sort(sample, axis=0), int(np.ceil(2.0 * m * k / n)), m)
-    return FarRows(m, priorities_of(idx.astype(np.uint64)),
-                   np.asarray(X[idx], np.float64)).rows()
+    lo, hi, keep, eq = _floors(X, np.sort(sample, axis=0), int(np.ceil(2.0 * m * k / n)), m)
+    idx = np.flatnonzero(keep)
+    return FarRows(m, priorities_of(idx.astype(np.uint64)), np.asarray(X[idx], np.float64),
+                   np.concatenate([hi, -lo]), eq).rows()
 
 
-def _candidates(X: np.ndarray, S: np.ndarray, r: int, m: int) -> np.ndarray:
-    """Indices of the rows of ``X`` at or beyond, on some feature, thresholds that at least
-    ``m`` rows reach on each side: the ``r``-th smallest and largest values (at least the
-    8th) of the sorted rows ``S`` (a sample of ``X``'s rows, each column sorted), or a side's
-    exact ``m``-th value where fewer than ``m`` rows reach the sample's (a superset of every
-    feature's ``m`` largest and smallest)."""
+def _floors(X: np.ndarray, S: np.ndarray, r: int, m: int):
+    """Floors that at least ``m`` rows of ``X`` reach on each side: the ``r``-th smallest
+    and largest values (at least the 8th) of the sorted rows ``S`` (a sample of ``X``'s rows,
+    each column sorted), or a side's exact ``m``-th value where fewer than ``m`` rows reach
+    the sample's. Returns ``(lo, hi, rows above a floor, rows at each floor)``."""
     n, d = X.shape
     k = S.shape[0]
     r = min(k - 1, max(8, int(r)))
     lo, hi = S[r].copy(), S[k - 1 - r].copy()
-    idx = np.flatnonzero(_beyond(X, lo, hi))
-    C = X[idx]
+    keep, gt, eq = _scan(X, lo, hi)
     short = False
-    for j in range(d):  # a side with too few candidates: its exact m-th value
-        if np.count_nonzero(C[:, j] >= hi[j]) < m:
+    for j in range(d):  # a side that too few rows reach: its exact m-th value
+        if gt[j] + eq[j] < m:
             hi[j], short = np.partition(X[:, j], n - m)[n - m], True
-        if np.count_nonzero(C[:, j] <= lo[j]) < m:
+        if gt[d + j] + eq[d + j] < m:
             lo[j], short = np.partition(X[:, j], m - 1)[m - 1], True
-    return np.flatnonzero(_beyond(X, lo, hi)) if short else idx
+    if short:
+        keep, gt, eq = _scan(X, lo, hi)
+    return lo, hi, keep, eq
 
 
-def _beyond(X: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Rows at or beyond ``lo`` or ``hi`` on some feature, as a boolean mask: blocks of
-    rows compared as flat runs of values with the thresholds repeated along them (one long
-    loop per comparison, not one of ``d`` entries per row), the few hits mapped to rows."""
+def _scan(X: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+    """One read of the rows against per-feature floors ``lo`` and ``hi``: the rows strictly
+    beyond one (a mask), and per side (``hi`` sides, then ``lo`` sides) the number of values
+    strictly beyond its floor and exactly at it. Blocks of rows are compared as flat runs of
+    values with the floors repeated along them (one long loop per comparison, not one of
+    ``d`` entries per row); the hits, few, are mapped to rows and features."""
     n, d = X.shape
     keep = np.zeros(n, dtype=bool)
+    gt, eq = np.zeros(2 * d), np.zeros(2 * d)
     if n == 0 or d == 0:
-        return keep
+        return keep, gt, eq
     step = max(1, (1 << 17) // d)
     H, L = np.tile(hi, step), np.tile(lo, step)
     for a in range(0, n, step):
         B = np.ascontiguousarray(X[a:a + step]).reshape(-1)
-        m = B.size
-        hit = np.greater_equal(B, H[:m])
-        hit |= np.less_equal(B, L[:m])
-        keep[a + np.flatnonzero(hit) // d] = True
-    return keep
+        t = B.size
+        for side, (beyond, at) in enumerate(((np.greater(B, H[:t]), np.equal(B, H[:t])),
+                                              (np.less(B, L[:t]), np.equal(B, L[:t])))):
+            hit = np.flatnonzero(beyond)
+            keep[a + hit // d] = True
+            gt[side * d:(side + 1) * d] += np.bincount(hit % d, minlength=d)
+            eq[side * d:(side + 1) * d] += np.bincount(np.flatnonzero(at) % d, minlength=d)
+    return keep, gt, eq
 
 
 def public_strata(n: int, sample: tuple[np.ndarray, np.ndarray],

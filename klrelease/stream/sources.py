@@ -197,13 +197,14 @@ class Source:
         the class counts (K,) and the sample of ``labelled`` rows with their class codes,
         ``(rows, codes)`` in priority order. With ``far`` (``m``), the sample is returned as
         ``(priorities, rows)`` and the far stratum of the features
-        (:class:`~klrelease.stream.sample.FarRows`: each feature's ``m`` largest and smallest
-        values' rows), ``(priorities, rows)``, is appended (public, like the sample)."""
+        (:class:`~klrelease.stream.sample.FarRows`: the rows beyond each feature's ``m``-th
+        largest and smallest values), ``(priorities, rows)``, is appended (public, like the
+        sample)."""
         classes = self.resolve_classes() if check_labels or labelled else None
         self.resolve_classes()
-        # (read in order, each chunk's far candidates are those beyond the cuts of the rows
-        # before it: `hint`, which the merge keeps up to date; a chunk read elsewhere, e.g.
-        # on a Dask worker, finds its own candidates: the same set either way)
+        # (each chunk keeps its rows beyond the floors in `hint`, which every merge updates:
+        # floors of any rows of the data are valid for every row; a chunk read where the
+        # hint is not seen, e.g. on a Dask worker, finds floors of its own: the same set)
         hint = {} if far else None
         out = self.reduce(_PooledSample(self.n_features, size, classes, labelled, far, hint),
                           _NotingCut(hint), None, indexed=True)

@@ -1283,8 +1283,10 @@ class KLCertified(Mechanism):
                 sample = data.block_sample(stage_rows(data.n_features), sizes)
         # a chunked source's features are read once (count, mean, scatter, the row sample)
         if lf and isinstance(data, Source) and not one_pass:
-            pooled = data.pooled_and_sample(labelled=stage_rows(data.n_features),
-                                            far=far_per_feature(data.n_features))
+            # (the far stratum serves the Gaussian design only)
+            pooled = data.pooled_and_sample(
+                labelled=stage_rows(data.n_features),
+                far=None if options["design"] == "response" else far_per_feature(data.n_features))
         elif one_pass and lf:
             pooled = _pass_one_of_sample(sample, len(data.resolve_classes()), True)
         else:
