@@ -148,6 +148,21 @@ def test_row_sample_is_the_same_however_the_rows_are_read(n, size, n_cuts, seed)
         np.testing.assert_array_equal(np.sort(want, axis=0), np.sort(X, axis=0))
 
 
+def _merge_randomly(parts, rng):
+    """Partial states merged in a random tree, either order, some trimmed first (as Dask
+    merges them)."""
+    parts = list(parts)
+    while len(parts) > 1:
+        i = int(rng.integers(0, len(parts) - 1))
+        a, b = parts[i], parts[i + 1]
+        if rng.random() < 0.5:
+            a, b = b, a
+        if rng.random() < 0.3:
+            a.trim()
+        parts[i:i + 2] = [a.merge(b)]
+    return parts[0]
+
+
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 600), size=st.integers(1, 60), n_cuts=st.integers(0, 40),
        seed=st.integers(0, 10_000))
@@ -163,15 +178,7 @@ def test_labelled_row_sample_is_the_same_for_any_merge_tree(n, size, n_cuts, see
     cuts.sort()  # repeated cuts: empty parts
     parts = [RowSample.of(X[a:b], int(a), size, codes[a:b])
              for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
-    while len(parts) > 1:
-        i = int(rng.integers(0, len(parts) - 1))
-        a, b = parts[i], parts[i + 1]
-        if rng.random() < 0.5:
-            a, b = b, a
-        if rng.random() < 0.3:
-            a.trim()
-        parts[i:i + 2] = [a.merge(b)]
-    got_X, got_codes = parts[0].labelled()
+    got_X, got_codes = _merge_randomly(parts, rng).labelled()
     idx = sample_indices(n, size)
     np.testing.assert_array_equal(got_X, X[idx])
     np.testing.assert_array_equal(got_codes, codes[idx])
@@ -222,15 +229,7 @@ def test_far_stratum_is_each_features_extremes_for_any_merge_tree(n, m, d, n_cut
     cuts = np.concatenate([[0, n], rng.integers(0, n + 1, n_cuts)])
     cuts.sort()
     parts = [FarRows.of(X[a:b], int(a), m) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
-    while len(parts) > 1:
-        i = int(rng.integers(0, len(parts) - 1))
-        a, b = parts[i], parts[i + 1]
-        if rng.random() < 0.5:
-            a, b = b, a
-        if rng.random() < 0.3:
-            a.trim()
-        parts[i:i + 2] = [a.merge(b)]
-    pri, R = parts[0].rows()
+    pri, R = _merge_randomly(parts, rng).rows()
     assert set(pri.tolist()) == want
     from klrelease.stream.sample import row_priorities
 
