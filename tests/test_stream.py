@@ -267,6 +267,11 @@ def test_far_stratum_keeps_its_rows_when_units_change_and_counts_every_row_once(
     # at most the sample's size: every row, no weights
     assert public_strata(3000, (priorities_of(np.arange(3000)), X[:3000]),
                          far_rows(X[:3000], m))[1] is None
+    # every sampled row in the stratum: none stands for the others, the sample alone
+    top = got[:2]
+    one = public_strata(n, (top, X[[int(np.flatnonzero(priorities_of(np.arange(n)) == t)[0])
+                                    for t in top]]), far_rows(X, m))
+    assert one[1] is None and one[0].shape[0] == 2
 
 
 def test_far_stratum_leaves_tied_values_to_the_sample():

@@ -297,6 +297,9 @@ class FarRows:
         X = np.asarray(X, dtype=np.float64)
         n, d = X.shape
         m = int(m)
+        if cut is not None and not (np.all(np.isfinite(cut[0]))
+                                    and np.all(np.isfinite(cut[1]))):
+            cut = None  # floors not set yet: this part's own
         if m <= 0 or (cut is None and n <= 8 * m * max(d, 1)):
             return cls(m, row_priorities(offset, n), X)
         if cut is not None:
@@ -444,9 +447,10 @@ def public_strata(n: int, sample: tuple[np.ndarray, np.ndarray],
     ``far`` (:class:`FarRows`), and ``(rows, weights, k)``: ``k`` the sample's size (the
     first ``k`` rows). A row of the far stratum stands for itself (weight 1); a sampled row
     outside it for ``(n - |far|) / (its sampled rows)`` (the sample, chosen by the index
-    alone, is a sample of the rows outside the stratum too). ``weights`` is ``None`` when no
-    far row is outside the sample (every row of the sample then stands for ``n`` over its
-    size, as without the stratum: every row when ``n`` is at most its size)."""
+    alone, is a sample of the rows outside the stratum too). Without a far row, with ``n``
+    at most the sample's size (the sample is every row), or when every sampled row is in the
+    stratum (none stands for the rows outside it), the set is the sample alone and
+    ``weights`` is ``None``: every row stands for ``n`` over its size."""
     pri, rows = sample
     k = rows.shape[0]
     if far is None or far[0].size == 0 or n <= k:
@@ -454,6 +458,8 @@ def public_strata(n: int, sample: tuple[np.ndarray, np.ndarray],
     in_sample = np.isin(pri, far[0])
     new = ~np.isin(far[0], pri)
     rest = k - int(np.count_nonzero(in_sample))
+    if rest == 0:  # no sampled row stands for the rows outside the stratum: the sample alone
+        return rows, None, k
     w = np.empty(k + int(np.count_nonzero(new)))
     w[:k] = np.where(in_sample, 1.0, (n - far[0].size) / max(rest, 1))
     w[k:] = 1.0
