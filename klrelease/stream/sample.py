@@ -427,15 +427,17 @@ def _scan(X: np.ndarray, lo: np.ndarray, hi: np.ndarray):
         return keep, gt, eq
     step = max(1, (1 << 17) // d)
     H, L = np.tile(hi, step), np.tile(lo, step)
+    buf = np.empty(step * d, dtype=bool)
     for a in range(0, n, step):
         B = np.ascontiguousarray(X[a:a + step]).reshape(-1)
         t = B.size
-        for side, (beyond, at) in enumerate(((np.greater(B, H[:t]), np.equal(B, H[:t])),
-                                              (np.less(B, L[:t]), np.equal(B, L[:t])))):
-            hit = np.flatnonzero(beyond)
-            keep[a + hit // d] = True
-            gt[side * d:(side + 1) * d] += np.bincount(hit % d, minlength=d)
-            eq[side * d:(side + 1) * d] += np.bincount(np.flatnonzero(at) % d, minlength=d)
+        for side, (F, cmp) in enumerate(((H, np.greater_equal), (L, np.less_equal))):
+            hit = np.flatnonzero(cmp(B, F[:t], out=buf[:t]))  # at or beyond: few
+            at = B[hit] == F[hit]
+            beyond = hit[~at]
+            keep[a + beyond // d] = True
+            gt[side * d:(side + 1) * d] += np.bincount(beyond % d, minlength=d)
+            eq[side * d:(side + 1) * d] += np.bincount(hit[at] % d, minlength=d)
     return keep, gt, eq
 
 
