@@ -549,7 +549,7 @@ class _NotingCut:
 
     def __call__(self, a, b):
         out = _merge_pairs(a, b)
-        if self.hint is not None and out[-1].cut is not None:
+        if self.hint is not None:
             self.hint["cut"] = out[-1].cut
         return out
 
