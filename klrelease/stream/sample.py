@@ -200,9 +200,10 @@ def sample_rows(X: np.ndarray, size: int | None = None) -> np.ndarray:
 
 
 def far_per_feature(n_features: int) -> int:
-    """``m``: the far stratum keeps the ``m`` largest and ``m`` smallest values of each
-    feature (at most ``FAR_ROWS`` rows in all; none when ``FAR_ROWS`` is 0)."""
-    return 0 if FAR_ROWS <= 0 else max(1, FAR_ROWS // (2 * max(int(n_features), 1)))
+    """``m``: the far stratum keeps the rows beyond each feature's ``m``-th largest and
+    ``m``-th smallest values: ``FAR_ROWS / (2 d)``, at least 2 (at most ``m - 1`` rows a
+    side: about ``FAR_ROWS`` rows in all); none when ``FAR_ROWS`` is 0."""
+    return 0 if FAR_ROWS <= 0 else max(2, FAR_ROWS // (2 * max(int(n_features), 1)))
 
 
 #: The far stratum is read where some feature's tail in the sample carries at least this
@@ -263,23 +264,22 @@ class FarRows:
 
     The state, per side of each feature (``2 d`` sides: the values, then their negatives):
     a floor ``f`` at most the side's ``m``-th largest value over all rows (so no row below
-    it can be in the set), the number of rows seen whose value is exactly ``f``, and every
-    row seen whose value exceeds ``f`` on some side (kept: its values and priority). A
-    merge takes each side's higher floor (counting the rows of the other part at it and
-    dropping those below); :meth:`trim` raises each floor to the ``m``-th largest value the
-    state holds (exact: the state holds every row's value above its floor), which is the
-    side's ``m``-th value itself once every row is merged."""
+    it can be in the set), and every row seen whose value exceeds ``f`` on some side (kept:
+    its values and priority). A merge takes each side's higher floor and drops the rows
+    below it; :meth:`trim` raises each floor to the ``m``-th largest value the state holds
+    where it holds ``m`` above the floor (exact: the state holds every row's value above its
+    floor; where it holds fewer, the floor is the side's ``m``-th value already), which is
+    the side's ``m``-th value itself once every row is merged."""
 
-    __slots__ = ("m", "parts", "n", "floor", "count")
+    __slots__ = ("m", "parts", "n", "floor")
 
     def __init__(self, m: int, priorities: np.ndarray, rows: np.ndarray,
-                 floor: np.ndarray | None = None, count: np.ndarray | None = None):
+                 floor: np.ndarray | None = None):
         self.m = int(m)
         d = rows.shape[1] if rows.ndim == 2 else 0
         self.parts = [(priorities, rows)] if priorities.size else []
         self.n = int(priorities.size)
         self.floor = np.full(2 * d, -np.inf) if floor is None else floor
-        self.count = np.zeros(2 * d) if count is None else count
 
     @property
     def cut(self) -> tuple[np.ndarray, np.ndarray]:
@@ -304,13 +304,13 @@ class FarRows:
             return cls(m, row_priorities(offset, n), X)
         if cut is not None:
             lo, hi = cut
-            keep, _, eq = _scan(X, lo, hi)
+            keep = _scan(X, lo, hi)[0]
         else:
             step = max(1, n // (8 * m))
-            lo, hi, keep, eq = _floors(X, np.sort(X[::step], axis=0), -(-2 * m // step), m)
+            lo, hi, keep = _floors(X, np.sort(X[::step], axis=0), -(-2 * m // step), m)
         idx = np.flatnonzero(keep)
         return cls(m, priorities_of(idx.astype(np.uint64) + np.uint64(offset)), X[idx],
-                   np.concatenate([hi, -lo]), eq)
+                   np.concatenate([hi, -lo]))
 
     def _rows(self) -> tuple[np.ndarray, np.ndarray | None]:
         if len(self.parts) > 1:
@@ -329,8 +329,7 @@ class FarRows:
             y = Y[:, s]
             above = y[y > self.floor[s]]
             if above.size >= self.m:
-                v = np.partition(above, above.size - self.m)[above.size - self.m]
-                self.floor[s], self.count[s] = v, float(np.count_nonzero(above == v))
+                self.floor[s] = np.partition(above, above.size - self.m)[above.size - self.m]
         keep = np.any(Y > self.floor, axis=1)
         if not keep.all():
             self.parts = [(p[keep], X[keep])] if keep.any() else []
@@ -340,17 +339,10 @@ class FarRows:
     def merge(self, other: FarRows) -> FarRows:
         """The state of both parts' rows."""
         floor = np.maximum(self.floor, other.floor)
-        count = np.zeros(floor.size)
-        out = FarRows(self.m, np.empty(0, np.uint64), np.empty((0, floor.size // 2)),
-                      floor, count)
+        out = FarRows(self.m, np.empty(0, np.uint64), np.empty((0, floor.size // 2)), floor)
         for part in (self, other):
-            same = part.floor == floor
-            count += np.where(same, part.count, 0.0)
             for p, X in part.parts:
-                Y = np.concatenate([X, -X], axis=1)
-                # rows at a floor raised past this part's: counted there
-                count += np.count_nonzero((Y == floor) & ~same, axis=0)
-                keep = np.any(Y > floor, axis=1)
+                keep = np.any(np.concatenate([X, -X], axis=1) > floor, axis=1)
                 if keep.any():
                     out.parts.append((p[keep], X[keep]))
                     out.n += int(np.count_nonzero(keep))
@@ -387,17 +379,18 @@ def far_rows(X: np.ndarray, m: int, sample: np.ndarray | None = None,
             acc = part if acc is None else acc.merge(part)
         return acc.rows() if acc is not None else (np.empty(0, np.uint64), np.empty((0, d)))
     k = sample.shape[0]
-    lo, hi, keep, eq = _floors(X, np.sort(sample, axis=0), int(np.ceil(2.0 * m * k / n)), m)
+    lo, hi, keep = _floors(X, np.sort(sample, axis=0), int(np.ceil(2.0 * m * k / n)), m)
     idx = np.flatnonzero(keep)
     return FarRows(m, priorities_of(idx.astype(np.uint64)), np.asarray(X[idx], np.float64),
-                   np.concatenate([hi, -lo]), eq).rows()
+                   np.concatenate([hi, -lo])).rows()
 
 
 def _floors(X: np.ndarray, S: np.ndarray, r: int, m: int):
     """Floors that at least ``m`` rows of ``X`` reach on each side: the ``r``-th smallest
-    and largest values (at least the 8th) of the sorted rows ``S`` (a sample of ``X``'s rows,
-    each column sorted), or a side's exact ``m``-th value where fewer than ``m`` rows reach
-    the sample's. Returns ``(lo, hi, rows above a floor, rows at each floor)``."""
+    and largest values (at least the 8th, where the sample has more rows) of the sorted rows
+    ``S`` (a sample of ``X``'s rows, each column sorted), or a side's exact ``m``-th value
+    where fewer than ``m`` rows reach the sample's. Returns ``(lo, hi, rows beyond a
+    floor)``."""
     n, d = X.shape
     k = S.shape[0]
     r = min(k - 1, max(8, int(r)))
@@ -410,8 +403,8 @@ def _floors(X: np.ndarray, S: np.ndarray, r: int, m: int):
         if gt[d + j] + eq[d + j] < m:
             lo[j], short = np.partition(X[:, j], m - 1)[m - 1], True
     if short:
-        keep, gt, eq = _scan(X, lo, hi)
-    return lo, hi, keep, eq
+        keep = _scan(X, lo, hi)[0]
+    return lo, hi, keep
 
 
 def _scan(X: np.ndarray, lo: np.ndarray, hi: np.ndarray):
@@ -463,6 +456,6 @@ def public_strata(n: int, sample: tuple[np.ndarray, np.ndarray],
     if rest == 0:  # no sampled row stands for the rows outside the stratum: the sample alone
         return rows, None, k
     w = np.empty(k + int(np.count_nonzero(new)))
-    w[:k] = np.where(in_sample, 1.0, (n - far[0].size) / max(rest, 1))
+    w[:k] = np.where(in_sample, 1.0, (n - far[0].size) / rest)
     w[k:] = 1.0
     return np.concatenate([rows, far[1][new]]), w, k
