@@ -569,6 +569,29 @@ def test_dask_release_with_a_far_stratum_equals_in_memory(monkeypatch):
     _assert_same_release(ref, on_cluster)
 
 
+@pytest.mark.parametrize("design,reads", [("auto", False), ("response", False),
+                                          ("gaussian", True)])
+def test_the_far_stratum_is_kept_only_for_the_gaussian_design(design, reads, monkeypatch):
+    """A streamed label-flip release keeps the far stratum's state in its first pass only
+    where the Gaussian design may read it: not when the response design is asked for, nor
+    when ``auto`` picks it from N known without a pass (the arrays' chunks here)."""
+    from klrelease.mechanisms.kl_certified.mechanism import choose_design
+    from klrelease.stream import sample
+
+    calls = []
+    of = sample.FarRows.of
+    monkeypatch.setattr(sample.FarRows, "of",
+                        classmethod(lambda cls, *a, **k: calls.append(1) or of(*a, **k)))
+    X, y = _data(n=5000, d=3)
+    assert choose_design(20.0, 1e-6, 5000, 3, 3) == "response"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = klrelease.plan(ArraySource(X, y, chunk_rows=1000), None, epsilon=20.0,
+                           delta=1e-6, classes=CLASSES, design=design)
+    assert p.public_options["design"] == ("gaussian" if reads else "response")
+    assert bool(calls) == reads
+
+
 def test_cli_release_from_parquet_streams_and_on_dask(tmp_path, monkeypatch):
     pytest.importorskip("distributed")
     from klrelease.artifact import Release

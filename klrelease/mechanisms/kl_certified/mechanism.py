@@ -793,6 +793,24 @@ def check_one_pass(data, relation: Adjacency, options: dict) -> list[int]:
     return sizes
 
 
+def _far_for(source, design: str, epsilon: float, delta: float) -> int | None:
+    """Label flip, a chunked source: ``m`` for the far stratum of its first pass, or ``None``
+    where the design will be the response one, which reads no stratum: asked for, or chosen
+    by ``auto`` from N known without a pass (the row groups' sizes; otherwise the choice
+    waits for the pass, which then keeps the stratum)."""
+    from ...stream.sample import far_per_feature
+
+    if design == "response":
+        return None
+    if design == "auto" and not _on_dask(source):
+        sizes = source.row_groups()
+        if sizes is not None and choose_design(
+                epsilon, delta, int(sum(sizes)), len(source.resolve_classes()),
+                source.n_features) == "response":
+            return None
+    return far_per_feature(source.n_features)
+
+
 def _pass_one_of_sample(sample, n_classes: int, label_flip: bool):
     """What pass 1 returns (``Source.pooled_and_sample(labelled=...)``: the features' moments,
     the public row sample, the class counts, the labelled sample), from a one-pass release's
@@ -1283,10 +1301,8 @@ class KLCertified(Mechanism):
                 sample = data.block_sample(stage_rows(data.n_features), sizes)
         # a chunked source's features are read once (count, mean, scatter, the row sample)
         if lf and isinstance(data, Source) and not one_pass:
-            # (the far stratum serves the Gaussian design only)
-            pooled = data.pooled_and_sample(
-                labelled=stage_rows(data.n_features),
-                far=None if options["design"] == "response" else far_per_feature(data.n_features))
+            pooled = data.pooled_and_sample(labelled=stage_rows(data.n_features),
+                                            far=_far_for(data, options["design"], epsilon, delta))
         elif one_pass and lf:
             pooled = _pass_one_of_sample(sample, len(data.resolve_classes()), True)
         else:
