@@ -532,41 +532,41 @@ def test_dask_local_cluster_release_equals_in_memory(processes):
 def test_dask_release_with_stage_t_equals_in_memory():
     """At a budget where kl-certified releases stage T (the histogram of the rows' norms in the
     last stage-C round's regions), its map runs on the workers like every other stage."""
-    da = pytest.importorskip("dask.array")
-    pytest.importorskip("distributed")
-
     X, y = _data(n=20000, d=2, offset=5.0)
-    kw = dict(epsilon=50.0, delta=1e-6, seed=5, classes=CLASSES)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert klrelease.plan(X, y, epsilon=50.0, delta=1e-6, classes=CLASSES,
                               design="gaussian").public.budget.tails > 0
-        ref = klrelease.release(X, y, design="gaussian", **kw)
+    _assert_dask_release_equals_in_memory(X, y, 3000, epsilon=50.0, design="gaussian")
+
+
+def _assert_dask_release_equals_in_memory(X, y, chunk, **options):
+    """The seeded release of ``X, y`` in memory and on a threaded Dask ``LocalCluster``
+    (chunks of ``chunk`` rows) are the same."""
+    da = pytest.importorskip("dask.array")
+    pytest.importorskip("distributed")
+    kw = dict(delta=1e-6, seed=5, classes=CLASSES, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = klrelease.release(X, y, **kw)
         with _local_client(processes=False) as client:
-            on_cluster = klrelease.release(da.from_array(X, chunks=(3000, 2)),
-                                           da.from_array(y, chunks=3000), client=client, **kw)
+            on_cluster = klrelease.release(da.from_array(X, chunks=(chunk, X.shape[1])),
+                                           da.from_array(y, chunks=chunk), client=client, **kw)
     _assert_same_release(ref, on_cluster)
 
 
 def test_dask_release_with_a_far_stratum_equals_in_memory(monkeypatch):
     """Label flip with more rows than the public sample: the far stratum's partial sets are
     merged on the workers like the sample's, and the release is the in-memory one."""
-    da = pytest.importorskip("dask.array")
-    pytest.importorskip("distributed")
     monkeypatch.setattr("klrelease.stream.sample.SAMPLE_ROWS", 700)
     monkeypatch.setattr("klrelease.stream.sample.FAR_ROWS", 90)
     X, y = _data(n=6000, d=3, offset=5.0)
     X[:, 1] = np.random.default_rng(2).standard_t(2.0, 6000)
-    kw = dict(epsilon=2.0, delta=1e-6, seed=5, classes=CLASSES, design="gaussian")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert klrelease.plan(X, y, **{k: v for k, v in kw.items() if k != "seed"}
-                              ).public.public_weights is not None
-        ref = klrelease.release(X, y, **kw)
-        with _local_client(processes=False) as client:
-            on_cluster = klrelease.release(da.from_array(X, chunks=(1100, 3)),
-                                           da.from_array(y, chunks=1100), client=client, **kw)
-    _assert_same_release(ref, on_cluster)
+        assert klrelease.plan(X, y, epsilon=2.0, delta=1e-6, classes=CLASSES,
+                              design="gaussian").public.public_weights is not None
+    _assert_dask_release_equals_in_memory(X, y, 1100, epsilon=2.0, design="gaussian")
 
 
 @pytest.mark.parametrize("design,reads", [("auto", False), ("response", False),
