@@ -1193,13 +1193,67 @@ def test_replace_one_locating_widens_features_whose_tail_lies_beyond_its_window(
     assert kl[100.0] == kl[100.0, "without"], kl
 
 
+def test_located_scale_counts_the_rows_the_threshold_left_unplaced():
+    """The located scale mixes the thresholded histogram with the rows it left unplaced
+    (``N`` less the kept counts) spread over the window: 150 rows in one bin and 127 more one
+    per bin below the threshold is a distribution nearly as wide as the window's uniform
+    part, not a quarter bin. With every row placed the scale is the histogram's own."""
+    from klrelease.mechanisms.kl_certified.locate import Window, located_from
+
+    bins = 128
+    window = Window(np.array([0.0]), np.array([1.0]))
+    mids = (np.arange(bins) + 0.5) / bins
+    noisy = np.ones((1, bins))
+    noisy[0, 10] = 150.0
+    n = int(noisy.sum())
+    got = located_from(noisy, window, threshold=5.0, n_samples=n).scale[0]
+    rest = n - 150
+    mean = (150 * mids[10] + rest * 0.5) / n
+    want = np.sqrt((150 * (mids[10] - mean) ** 2 + rest * (1 / 12 + (0.5 - mean) ** 2)) / n)
+    assert got == pytest.approx(want, rel=1e-9)
+    assert got > 40 * (0.25 / bins)  # the quarter-bin floor alone, before
+    placed = np.zeros((1, bins))
+    placed[0, 10:14] = [40.0, 60.0, 60.0, 40.0]
+    m = float(placed[0] @ mids / 200.0)
+    sd = np.sqrt(float(placed[0] @ (mids - m) ** 2) / 200.0)
+    assert located_from(placed, window, 5.0, 200).scale[0] == pytest.approx(sd, rel=1e-9)
+
+
+def test_replace_one_locates_few_rows_in_a_loose_box_at_a_small_budget():
+    """The Italy load profiles (1096 rows, 24 features) at eps = 1 in a box 100 times their
+    range: no rung of the ladder locates them with its margin and the release took the box as
+    their frame (E[KL] about 7000, 700 times the release with a box 1.5 times the range). The
+    largest share is now spent on locating them, and the loose box costs a few times the
+    tight one at most."""
+    from klrelease.data import load_italy_power
+
+    it = load_italy_power(labels="season")
+    X, y = it.X, it.codes
+    fit = kr.fit_gmm(X, y, classes=range(2))
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1))
+    c, h = (X.min(0) + X.max(0)) / 2, (X.max(0) - X.min(0)) / 2
+    kl = {}
+    for width in (1.5, 100.0):
+        data = kr.as_labelled_data(X, y, classes=range(2), min_class_size=0,
+                                   bounds=(c - width * h, c + width * h))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PrivacyLeakWarning)
+            p = kr.plan(data, None, epsilon=1.0, delta=1e-5, adjacency="replace-one")
+        assert p.public.budget.locate > 0
+        kl[width] = np.mean([kr.kl_divergence(p.draw(np.random.default_rng(s)), ref)
+                             for s in range(6)])
+    assert kl[100.0] < 10.0 * kl[1.5], kl
+
+
 def test_replace_one_raises_the_locating_share_when_the_rows_are_few():
     """569 rows of 30 features (breast cancer) in a box 100 times their range: at eps = 5 the
     base locating share could not locate them, and the release took the box as the data's
     frame (E[KL] about 1.6e6, every row predicted as the majority class). The share is raised
     (public inputs only) until the rows pass the first round's threshold with a margin: the
     release is then near the one with a box 1.5 times the range. Where the base share
-    suffices it is kept, and where no share up to the cap does the stage is skipped."""
+    suffices it is kept; where no share up to the cap does, the cap is spent if all the rows
+    in one bin would pass the threshold (``forced_margin``), and otherwise the stage is
+    skipped."""
     from sklearn.datasets import load_breast_cancer
 
     from klrelease.mechanisms.kl_certified.design import SETTINGS, Budget, locate_sd
@@ -1219,7 +1273,11 @@ def test_replace_one_raises_the_locating_share_when_the_rows_are_few():
     below = Budget.split(5.0, 1e-5, {**SETTINGS["replace-one"], "locate": float(ladder[i - 1])})
     assert not can_locate(569, 30, locate_sd(below, 30), LOCATE["raised_margin"])
     assert share(5.0, 5000) == pytest.approx(SETTINGS["locate_share"])
-    assert share(1.0, 569) == 0.0
+    # eps = 1: no rung locates them with the margin, the cap is spent; eps = 0.5: skipped
+    top = Budget.split(1.0, 1e-5, {**SETTINGS["replace-one"], "locate": float(ladder[-1])})
+    assert not can_locate(569, 30, locate_sd(top, 30), LOCATE["raised_margin"])
+    assert share(1.0, 569) == pytest.approx(SETTINGS["locate_max"])
+    assert share(0.5, 569) == 0.0
     b = load_breast_cancer()
     X, y = b.data, b.target
     fit = kr.fit_gmm(X, y, classes=range(2))

@@ -60,6 +60,10 @@ LOCATE = {
     # the base one must locate the rows with this margin (``can_locate``)
     "shares": 12,
     "raised_margin": 1.5,
+    # where no share of the ladder locates the rows with that margin, the largest share is
+    # spent if every row in one bin of the first round would pass its threshold with this
+    # margin: a located frame, however rough, against the bound's frame at the bound's scale
+    "forced_margin": 0.25,
 }
 
 
@@ -162,6 +166,14 @@ def located_from(noisy: np.ndarray, window: Window, threshold: float,
     distribution per feature: centre its median, scale its standard deviation (at least a
     quarter bin), and the clip box the occupied span (:func:`occupied`), which
     :func:`located_frame` replaces with the bound's window (:func:`in_bound`).
+
+    The rows the threshold left unplaced, ``N`` less the kept counts (``N`` is public), are
+    taken as spread evenly over the window: the scale is at least the standard deviation of
+    the kept distribution mixed with that uniform one. With few rows the threshold keeps the
+    dense bins only, and the kept distribution alone is narrower than the rows (on a skewed
+    feature of 240 rows, a located scale 1/50 of the rows' own; every later clip then cut
+    the tail). As the budget grows the threshold falls, every row is placed and the term
+    vanishes.
     """
     d, bins = noisy.shape
     w = window.width(bins)
@@ -179,7 +191,15 @@ def located_from(noisy: np.ndarray, window: Window, threshold: float,
             within = (0.5 - below) / max(cdf[k] - below, 1e-300)  # linear inside the bin
             centre[j] = window.lo[j] + (k + min(max(within, 0.0), 1.0)) * w[j]
             mean = float(mass[j] @ mids[j] / tot)
-            scale[j] = np.sqrt(max(float(mass[j] @ (mids[j] - mean) ** 2) / tot, 0.0))
+            var = max(float(mass[j] @ (mids[j] - mean) ** 2) / tot, 0.0)
+            rest = max(n_samples - tot, 0.0)  # unplaced: spread over the window
+            if rest > 0:
+                mid = 0.5 * (window.lo[j] + window.hi[j])
+                both = (tot * mean + rest * mid) / (tot + rest)
+                var = max(var, (tot * (var + (mean - both) ** 2)
+                                + rest * ((window.hi[j] - window.lo[j]) ** 2 / 12.0
+                                          + (mid - both) ** 2)) / (tot + rest))
+            scale[j] = np.sqrt(var)
     # at least a quarter bin (a bin's own spread is w / sqrt(12)): coarse bins when rows are few
     scale = np.maximum(scale, 0.25 * w)
     scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
