@@ -1194,11 +1194,12 @@ def test_replace_one_locating_widens_features_whose_tail_lies_beyond_its_window(
 
 
 def test_located_scale_counts_the_rows_the_threshold_left_unplaced():
-    """The located scale mixes the thresholded histogram with the rows it left unplaced
-    (``N`` less the kept counts) spread over the window: 150 rows in one bin and 127 more one
-    per bin below the threshold is a distribution nearly as wide as the window's uniform
-    part, not a quarter bin. With every row placed the scale is the histogram's own."""
-    from klrelease.mechanisms.kl_certified.locate import Window, located_from
+    """The located scale is widened by the rows the threshold left unplaced (``N`` less the
+    kept counts) spread over the window: 150 rows in one bin and 127 more one per bin below
+    the threshold is a distribution nearly as wide as the window's uniform part, not a
+    quarter bin. With every row placed the scale is the histogram's own, and a feature whose
+    kept counts are under half the rows keeps the scale it had (not located)."""
+    from klrelease.mechanisms.kl_certified.locate import Window, located_from, spread_scale
 
     bins = 128
     window = Window(np.array([0.0]), np.array([1.0]))
@@ -1206,25 +1207,30 @@ def test_located_scale_counts_the_rows_the_threshold_left_unplaced():
     noisy = np.ones((1, bins))
     noisy[0, 10] = 150.0
     n = int(noisy.sum())
-    got = located_from(noisy, window, threshold=5.0, n_samples=n).scale[0]
+    kept = located_from(noisy, window, threshold=5.0, n_samples=n).scale
+    assert kept[0] == pytest.approx(0.25 / bins)  # the kept histogram: one bin
+    got = spread_scale(noisy, window, 5.0, n, kept)[0]
     rest = n - 150
     mean = (150 * mids[10] + rest * 0.5) / n
     want = np.sqrt((150 * (mids[10] - mean) ** 2 + rest * (1 / 12 + (0.5 - mean) ** 2)) / n)
     assert got == pytest.approx(want, rel=1e-9)
-    assert got > 40 * (0.25 / bins)  # the quarter-bin floor alone, before
+    assert got > 40 * kept[0]
     placed = np.zeros((1, bins))
     placed[0, 10:14] = [40.0, 60.0, 60.0, 40.0]
+    own = located_from(placed, window, 5.0, 200).scale
     m = float(placed[0] @ mids / 200.0)
-    sd = np.sqrt(float(placed[0] @ (mids - m) ** 2) / 200.0)
-    assert located_from(placed, window, 5.0, 200).scale[0] == pytest.approx(sd, rel=1e-9)
+    assert own[0] == pytest.approx(np.sqrt(float(placed[0] @ (mids - m) ** 2) / 200.0))
+    assert spread_scale(placed, window, 5.0, 200, own)[0] == own[0]
+    assert spread_scale(noisy, window, 5.0, 400, np.array([0.3]))[0] == 0.3  # 150 < 200
 
 
 def test_replace_one_locates_few_rows_in_a_loose_box_at_a_small_budget():
-    """The Italy load profiles (1096 rows, 24 features) at eps = 1 in a box 100 times their
+    """The Italy load profiles (1096 rows, 12 features) at eps = 1 in a box 100 times their
     range: no rung of the ladder locates them with its margin and the release took the box as
     their frame (E[KL] about 7000, 700 times the release with a box 1.5 times the range). The
-    largest share is now spent on locating them, and the loose box costs a few times the
-    tight one at most."""
+    largest share is now spent on locating them: the loose box's E[KL] is within 3 times the
+    tight one's (measured: about 10 and 10), and the tight one's stays near its unlocated
+    value (about 10)."""
     from klrelease.data import load_italy_power
 
     it = load_italy_power(labels="season")
@@ -1242,7 +1248,7 @@ def test_replace_one_locates_few_rows_in_a_loose_box_at_a_small_budget():
         assert p.public.budget.locate > 0
         kl[width] = np.mean([kr.kl_divergence(p.draw(np.random.default_rng(s)), ref)
                              for s in range(6)])
-    assert kl[100.0] < 10.0 * kl[1.5], kl
+    assert kl[100.0] < 3.0 * kl[1.5] and kl[1.5] < 20.0, kl
 
 
 def test_replace_one_raises_the_locating_share_when_the_rows_are_few():

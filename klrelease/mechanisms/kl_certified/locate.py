@@ -40,6 +40,7 @@ from ...rows import clip_to_bounds
 
 __all__ = ["LOCATE", "Window", "Located", "histograms", "occupied", "located_from", "unplaced",
            "threshold_z", "first_window", "second_window", "located_frame", "in_bound",
+           "spread_scale",
            "spilled"]
 
 #: Public constants of the locating stage.
@@ -61,8 +62,9 @@ LOCATE = {
     "shares": 12,
     "raised_margin": 1.5,
     # where no share of the ladder locates the rows with that margin, the largest share is
-    # spent if every row in one bin of the first round would pass its threshold with this
-    # margin: a located frame, however rough, against the bound's frame at the bound's scale
+    # spent if this margin holds (``can_locate``: 0.25 x "two bins twice over", i.e. every
+    # row in one bin of the first round would reach its threshold): a located frame, however
+    # rough, against the bound's frame at the bound's scale
     "forced_margin": 0.25,
 }
 
@@ -166,14 +168,6 @@ def located_from(noisy: np.ndarray, window: Window, threshold: float,
     distribution per feature: centre its median, scale its standard deviation (at least a
     quarter bin), and the clip box the occupied span (:func:`occupied`), which
     :func:`located_frame` replaces with the bound's window (:func:`in_bound`).
-
-    The rows the threshold left unplaced, ``N`` less the kept counts (``N`` is public), are
-    taken as spread evenly over the window: the scale is at least the standard deviation of
-    the kept distribution mixed with that uniform one. With few rows the threshold keeps the
-    dense bins only, and the kept distribution alone is narrower than the rows (on a skewed
-    feature of 240 rows, a located scale 1/50 of the rows' own; every later clip then cut
-    the tail). As the budget grows the threshold falls, every row is placed and the term
-    vanishes.
     """
     d, bins = noisy.shape
     w = window.width(bins)
@@ -191,19 +185,44 @@ def located_from(noisy: np.ndarray, window: Window, threshold: float,
             within = (0.5 - below) / max(cdf[k] - below, 1e-300)  # linear inside the bin
             centre[j] = window.lo[j] + (k + min(max(within, 0.0), 1.0)) * w[j]
             mean = float(mass[j] @ mids[j] / tot)
-            var = max(float(mass[j] @ (mids[j] - mean) ** 2) / tot, 0.0)
-            rest = max(n_samples - tot, 0.0)  # unplaced: spread over the window
-            if rest > 0:
-                mid = 0.5 * (window.lo[j] + window.hi[j])
-                both = (tot * mean + rest * mid) / (tot + rest)
-                var = max(var, (tot * (var + (mean - both) ** 2)
-                                + rest * ((window.hi[j] - window.lo[j]) ** 2 / 12.0
-                                          + (mid - both) ** 2)) / (tot + rest))
-            scale[j] = np.sqrt(var)
+            scale[j] = np.sqrt(max(float(mass[j] @ (mids[j] - mean) ** 2) / tot, 0.0))
     # at least a quarter bin (a bin's own spread is w / sqrt(12)): coarse bins when rows are few
     scale = np.maximum(scale, 0.25 * w)
     scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
     return Located(centre, scale, (box.lo - centre) / scale, (box.hi - centre) / scale)
+
+
+def spread_scale(noisy: np.ndarray, window: Window, threshold: float, n_samples: int,
+                 scale: np.ndarray) -> np.ndarray:
+    """The located ``scale`` widened by the rows the threshold left unplaced (post-processing).
+
+    ``N`` less the kept counts of a feature (``N`` is public) are taken as spread evenly over
+    the window: its scale becomes the larger of ``scale`` and the standard deviation of the
+    kept distribution mixed with that uniform one. With few rows the threshold keeps the
+    dense bins only and the kept distribution alone is narrower than the rows (a skewed
+    feature of 240 rows was located at a scale 1/50 of its own, and every later clip cut its
+    tail). A feature whose kept counts do not reach ``mass`` x N keeps ``scale`` (it was not
+    located). As the budget grows the threshold falls, every row is placed and the term
+    vanishes."""
+    d, bins = noisy.shape
+    w = window.width(bins)
+    mids = window.lo[:, None] + (np.arange(bins)[None, :] + 0.5) * w[:, None]
+    mass = np.where(noisy > threshold, noisy, 0.0)
+    out = np.array(scale, dtype=float)
+    for j in range(d):
+        tot = float(mass[j].sum())
+        rest = n_samples - tot
+        if tot < LOCATE["mass"] * n_samples or rest <= 0:
+            continue
+        mean = float(mass[j] @ mids[j]) / tot
+        mid = 0.5 * (window.lo[j] + window.hi[j])
+        both = (tot * mean + rest * mid) / n_samples
+        var = (float(mass[j] @ (mids[j] - both) ** 2)
+               + rest * ((window.hi[j] - window.lo[j]) ** 2 / 12.0 + (mid - both) ** 2))
+        wide = np.sqrt(max(var / n_samples, 0.0))
+        if np.isfinite(wide):
+            out[j] = max(out[j], wide)
+    return out
 
 
 def _threshold(pub, bins: int) -> float:
@@ -236,12 +255,19 @@ def located_frame(pub, output: dict) -> Located:
         return _quartered(first_window(pub))
     b = bins_of(pub, False)
     noisy, window = np.asarray(output["locate_2"], dtype=float), second_window(pub, output)
-    located = located_from(noisy, window, _threshold(pub, b), pub.n_samples)
+    t = _threshold(pub, b)
+    located = located_from(noisy, window, t, pub.n_samples)
+    wide = spread_scale(noisy, window, t, pub.n_samples, located.scale)
     bound = first_window(pub)
     quarter = np.maximum(located.scale, 0.25 * (bound.hi - bound.lo))
-    scale = np.where(spilled(pub, output, window), np.sqrt(located.scale * quarter),
-                     located.scale)
-    scale = np.where(unplaced(pub, output, window, located.scale), quarter, scale)
+    spill = spilled(pub, output, window)
+    scale = np.where(spill, np.maximum(wide, np.sqrt(located.scale * quarter)), wide)
+    # a point (judged on the kept histogram's own scale) with many rows unplaced keeps the
+    # bound's scale where rows lie beyond the window too (an atom with the rest spread thinly
+    # over the bound), else the widened one (few rows in a loose bound: the dense bins alone
+    # pass the threshold, and the bound's scale would be the loose bound's)
+    point = unplaced(pub, output, window, located.scale)
+    scale = np.where(point & spill, quarter, scale)
     return in_bound(pub, Located(located.centre, scale, located.lower, located.upper))
 
 
@@ -286,7 +312,10 @@ def unplaced(pub, output: dict, window: Window, scale: np.ndarray) -> np.ndarray
     every later clip cuts them down. Such a feature (its located scale within ``point`` of a
     second-round bin; at least ``unplaced`` x N rows outside the first round's kept bins *and*
     clipped into the edge bins of the second round's window where it is narrower than the
-    bound) keeps the bound's own scale, a quarter of its width, as if not located."""
+    bound) keeps the bound's own scale, a quarter of its width, as if not located, where the
+    first round's counts put many rows beyond the window too (:func:`spilled`); otherwise
+    (few rows in a loose bound, whose dense bins alone pass the threshold) it takes the
+    widened scale of :func:`spread_scale` (:func:`located_frame`)."""
     n = pub.n_samples
     first, second = (np.asarray(output[k], dtype=float) for k in ("locate_1", "locate_2"))
     t1 = _threshold(pub, bins_of(pub, True))
