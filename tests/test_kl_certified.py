@@ -1149,6 +1149,23 @@ def test_replace_one_locating_keeps_the_scale_of_features_with_an_atom():
     assert kl[0] < 1.0 and kl[1] <= kl[0], kl
 
 
+def _box_plans(X, y, eps: float, widths=(1.5, 100.0)):
+    """The labelled fit of ``(X, y)`` (two classes) and replace-one plans at ``eps`` with
+    boxes ``width`` times the data's range, by width."""
+    fit = kr.fit_gmm(X, y, classes=range(2))
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1))
+    c, h = (X.min(0) + X.max(0)) / 2, (X.max(0) - X.min(0)) / 2
+    plans = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyLeakWarning)
+        for width in widths:
+            data = kr.as_labelled_data(X, y, classes=range(2), min_class_size=0,
+                                       bounds=(c - width * h, c + width * h))
+            plans[width] = kr.plan(data, None, epsilon=eps, delta=1e-5,
+                                   adjacency="replace-one")
+    return ref, plans
+
+
 def _spilled_tails(seed=0):
     """Two classes of 2000 rows: three Gaussian features and two zero-inflated ones (a quarter
     of the rows exponential, spread thinly over the bound)."""
@@ -1171,14 +1188,9 @@ def test_replace_one_locating_widens_features_whose_tail_lies_beyond_its_window(
     from klrelease.mechanisms.kl_certified import locate
 
     X, y = _spilled_tails()
-    fit = kr.fit_gmm(X, y, classes=range(2))
-    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1))
-    c, h = (X.min(0) + X.max(0)) / 2, (X.max(0) - X.min(0)) / 2
+    ref, plans = _box_plans(X, y, 2.0)
     kl = {}
-    for width in (1.5, 100.0):
-        data = kr.as_labelled_data(X, y, classes=range(2), min_class_size=0,
-                                   bounds=(c - width * h, c + width * h))
-        p = kr.plan(data, None, epsilon=2.0, delta=1e-5, adjacency="replace-one")
+    for width, p in plans.items():
         assert p.public.budget.locate > 0
         for s in range(3):
             out = p.sample(np.random.default_rng(s))
@@ -1234,17 +1246,9 @@ def test_replace_one_locates_few_rows_in_a_loose_box_at_a_small_budget():
     from klrelease.data import load_italy_power
 
     it = load_italy_power(labels="season")
-    X, y = it.X, it.codes
-    fit = kr.fit_gmm(X, y, classes=range(2))
-    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1))
-    c, h = (X.min(0) + X.max(0)) / 2, (X.max(0) - X.min(0)) / 2
+    ref, plans = _box_plans(it.X, it.codes, 1.0)
     kl = {}
-    for width in (1.5, 100.0):
-        data = kr.as_labelled_data(X, y, classes=range(2), min_class_size=0,
-                                   bounds=(c - width * h, c + width * h))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", PrivacyLeakWarning)
-            p = kr.plan(data, None, epsilon=1.0, delta=1e-5, adjacency="replace-one")
+    for width, p in plans.items():
         assert p.public.budget.locate > 0
         kl[width] = np.mean([kr.kl_divergence(p.draw(np.random.default_rng(s)), ref)
                              for s in range(6)])
