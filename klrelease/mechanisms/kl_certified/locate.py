@@ -11,13 +11,15 @@ the interval the rows occupy and their spread there:
    it with probability ``false_rate`` over all ``d * bins`` bins), widened by one bin;
 2. the same inside that interval (rows clipped into it), at its finer resolution; the located
    frame is centred on the median and scaled by the standard deviation of the thresholded
-   histogram. Rows are clipped to the bound's window only, not to the occupied span: the
+   histogram, widened by the rows the threshold left unplaced spread over the window
+   (:func:`spread_scale`). Rows are clipped to the bound's window only, not to the occupied span: the
    span of thresholded noisy counts misses the thin tails, and clipping them would bias every
    later stage (the later stages' radii bound each row's influence anyway). A feature that
-   both rounds see as a point while many rows went unplaced (an atom) keeps the bound's scale
-   (:func:`unplaced`). A feature with a tail that the first round could not place, many rows
-   beyond the second round's window (:func:`spilled`), gets a scale between the located one
-   and the bound's.
+   both rounds see as a point while many rows went unplaced (an atom, :func:`unplaced`) keeps
+   the bound's scale where many rows lie beyond the second round's window too; otherwise the
+   widened one. A feature with a tail that the first round could not place, many rows beyond
+   the second round's window (:func:`spilled`), gets a scale between the located one and the
+   bound's, or the widened one if that is larger.
 
 Replacing one record moves one unit of count between two bins of every feature's histogram:
 the squared change is at most ``2 d``, so with noise ``sqrt(2 d) / s`` per bin each round is a
@@ -50,7 +52,7 @@ LOCATE = {
     "per_bin": 4.0,  # a round's bins hold, on average, at least this x the threshold
     "false_rate": 0.05,  # chance that an empty bin anywhere passes the threshold
     "mass": 0.5,  # an occupied span is kept only if its kept counts reach this x N
-    "unplaced": 0.2,  # share of the rows that, unplaced by both rounds, voids a point's scale
+    "unplaced": 0.2,  # share of the rows that, unplaced by both rounds, marks a point (an atom)
     "point": 0.5,  # a located distribution this narrow (x a second-round bin) is a point
     # at least this share of the rows beyond the second round's window (and this many noise
     # standard deviations of the first round's counts inside it) widens the located scale
@@ -200,8 +202,9 @@ def spread_scale(noisy: np.ndarray, window: Window, threshold: float, n_samples:
     the window: its scale becomes the larger of ``scale`` and the standard deviation of the
     kept distribution mixed with that uniform one. With few rows the threshold keeps the
     dense bins only and the kept distribution alone is narrower than the rows (a skewed
-    feature of 240 rows was located at a scale 1/50 of its own, and every later clip cut its
-    tail). A feature whose kept counts do not reach ``mass`` x N keeps ``scale`` (it was not
+    feature of 240 rows, death_prob, was located at 0.005 in one draw, its rows' own standard
+    deviation being 0.22, and every later clip cut its tail). The kept counts are noisy: a
+    kept bin's positive noise can hide unplaced rows. A feature whose kept counts do not reach ``mass`` x N keeps ``scale`` (it was not
     located). As the budget grows the threshold falls, every row is placed and the term
     vanishes."""
     d, bins = noisy.shape
@@ -282,10 +285,11 @@ def spilled(pub, output: dict, window: Window) -> np.ndarray:
     bins that make up the window estimate how many rows it holds; the rest, ``N`` minus
     that sum, lie beyond it. A feature where they are at least ``spilled`` x N rows and
     ``spilled_z`` noise standard deviations of that sum takes the geometric mean of its
-    located scale and the bound's quarter width: the tail's spread is somewhere between the
-    two, and the mean is wrong by at most the square root of their ratio either way. On a
-    loose bound the window holds every row (the data lie in a few of the first round's bins
-    and the window adds one on each side), so the located scale stands."""
+    located scale and the bound's quarter width, or its widened scale (:func:`spread_scale`)
+    if that is larger: the tail's spread is somewhere between the two, and the mean is wrong
+    by at most the square root of their ratio either way. On a loose bound the window holds
+    every row (the data lie in a few of the first round's bins and the window adds one on
+    each side), so the widened scale stands."""
     n = pub.n_samples
     first = np.asarray(output["locate_1"], dtype=float)
     bound = first_window(pub)
