@@ -1245,7 +1245,6 @@ def test_replace_one_locates_few_rows_in_a_loose_box_at_a_small_budget():
     tight one's (measured: about 10 and 10), and the tight one's stays near its unlocated
     value (about 10)."""
     from klrelease.data import load_italy_power
-
     from klrelease.mechanisms.kl_certified.design import SETTINGS
 
     it = load_italy_power(labels="season")

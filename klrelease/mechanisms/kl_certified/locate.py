@@ -12,14 +12,14 @@ the interval the rows occupy and their spread there:
 2. the same inside that interval (rows clipped into it), at its finer resolution; the located
    frame is centred on the median and scaled by the standard deviation of the thresholded
    histogram, widened by the rows the threshold left unplaced spread over the window
-   (:func:`spread_scale`). Rows are clipped to the bound's window only, not to the occupied span: the
-   span of thresholded noisy counts misses the thin tails, and clipping them would bias every
-   later stage (the later stages' radii bound each row's influence anyway). A feature that
-   both rounds see as a point while many rows went unplaced (an atom, :func:`unplaced`) keeps
-   the bound's scale where many rows lie beyond the second round's window too; otherwise the
-   widened one. A feature with a tail that the first round could not place, many rows beyond
-   the second round's window (:func:`spilled`), gets a scale between the located one and the
-   bound's, or the widened one if that is larger.
+   (:func:`spread_scale`). Rows are clipped to the bound's window only, not to the occupied
+   span: the span of thresholded noisy counts misses the thin tails, and clipping them would
+   bias every later stage (the later stages' radii bound each row's influence anyway). A
+   feature that both rounds see as a point while many rows went unplaced (an atom,
+   :func:`unplaced`) keeps the bound's scale where many rows lie beyond the second round's
+   window too; otherwise the widened one. A feature with a tail that the first round could
+   not place, many rows beyond the second round's window (:func:`spilled`), gets a scale
+   between the located one and the bound's, or the widened one if that is larger.
 
 Replacing one record moves one unit of count between two bins of every feature's histogram:
 the squared change is at most ``2 d``, so with noise ``sqrt(2 d) / s`` per bin each round is a
@@ -199,14 +199,14 @@ def spread_scale(noisy: np.ndarray, window: Window, threshold: float, n_samples:
     """The located ``scale`` widened by the rows the threshold left unplaced (post-processing).
 
     ``N`` less the kept counts of a feature (``N`` is public) are taken as spread evenly over
-    the window: its scale becomes the larger of ``scale`` and the standard deviation of the
-    kept distribution mixed with that uniform one. With few rows the threshold keeps the
-    dense bins only and the kept distribution alone is narrower than the rows (a skewed
-    feature of 240 rows, death_prob, was located at 0.005 in one draw, its rows' own standard
-    deviation being 0.22, and every later clip cut its tail). The kept counts are noisy: a
-    kept bin's positive noise can hide unplaced rows. A feature whose kept counts do not reach ``mass`` x N keeps ``scale`` (it was not
-    located). As the budget grows the threshold falls, every row is placed and the term
-    vanishes."""
+    the window: its scale becomes the larger of ``scale`` and the standard deviation of the kept
+    distribution mixed with that uniform one. With few rows the threshold keeps the dense bins
+    only and the kept distribution alone is narrower than the rows (a skewed feature of 240
+    rows, death_prob, was located at 0.005 in one draw, its rows' own standard deviation being
+    0.22, and every later clip cut its tail). The kept counts are noisy: a kept bin's positive
+    noise can hide unplaced rows. A feature whose kept counts do not reach ``mass`` x N keeps
+    ``scale`` (it was not located). As the budget grows the threshold falls, every row is placed
+    and the term vanishes."""
     d, bins = noisy.shape
     w = window.width(bins)
     mids = window.lo[:, None] + (np.arange(bins)[None, :] + 0.5) * w[:, None]
