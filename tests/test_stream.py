@@ -383,6 +383,29 @@ def test_streamed_release_equals_in_memory(adjacency, extra, sample, stage, monk
     assert b.options["data"] == "streamed in chunks"
 
 
+def test_streamed_release_with_a_forced_locating_share_equals_in_memory():
+    """Replace-one, 300 rows in a box 100 times their range at eps = 0.5: no rung of the
+    locating ladder finds them with its margin, so the largest share is forced and the
+    located scale is widened by the rows the threshold left unplaced. The streamed release
+    reads the same histograms and is the in-memory one."""
+    from klrelease.mechanisms.kl_certified.design import SETTINGS, locate_sd
+    from klrelease.mechanisms.kl_certified.locate import LOCATE, can_locate
+
+    X, y = _data(n=300, d=3, offset=20.0)
+    c, h = (X.min(0) + X.max(0)) / 2, (X.max(0) - X.min(0)) / 2
+    kw = dict(epsilon=0.5, delta=1e-6, seed=5, classes=CLASSES, adjacency="replace-one",
+              bounds=(c - 100 * h, c + 100 * h))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        b = klrelease.plan(X, y, **{k: v for k, v in kw.items() if k != "seed"}).public.budget
+        assert (b.locate / b.mu) ** 2 == pytest.approx(SETTINGS["locate_max"])
+        assert not can_locate(300, 3, locate_sd(b, 3), LOCATE["raised_margin"])  # forced
+        a = klrelease.release(X, y, **kw)
+        s = klrelease.release(ArraySource(X, y, chunk_rows=71), None, **kw)
+    _assert_same_release(a, s)
+    assert s.options["data"] == "streamed in chunks"
+
+
 def test_label_flip_frame_reads_every_row_beyond_the_early_stages_sample(monkeypatch):
     """Label flip with more rows than the early stages' sample: the frame is the whitening of
     every row's features, in memory and streamed alike, so a feature that varies only in rows
