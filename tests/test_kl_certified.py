@@ -363,20 +363,16 @@ def _loose_box_data(seed=5, n=1500):
     return X, y, box
 
 
-def test_located_and_second_round_stages_within_their_sensitivity():
-    """Brute force, replace-one with a loose box at a budget that locates the rows and runs
-    two stage-C rounds: every stage, the locating histograms included, moves by at most its
-    public whitened sensitivity."""
-    X, y, box = _loose_box_data()
-    data = kr.as_labelled_data(X, y, classes=[0, 1, 2], bounds=box, min_class_size=0)
-    kw = dict(epsilon=30.0, delta=1e-5, adjacency="replace-one")
-    p = kr.plan(data, None, **kw)
-    assert p.public.budget.locate > 0 and p.public.budget.tails > 0
-    rng = np.random.default_rng(2)
+def _worst_replaced(p, X, y, box, kw, rng, trials: int, check=None):
+    """Brute force, replace-one: the largest ratio, stage by stage, of the whitened change to
+    the allowed sensitivity over ``trials`` releases of ``p`` and neighbours that replace a
+    random row by the box's corner or a point in the box (and change its class);
+    ``check(out)`` is called on every release."""
     worst = None
-    for trial in range(12):
+    for trial in range(trials):
         out = p.sample(rng)
-        assert len(design.stage_c_design(p.working(out), out)["shares"]) == 2
+        if check is not None:
+            check(out)
         n = int(rng.integers(X.shape[0]))
         X2, y2 = X.copy(), y.copy()
         X2[n] = box[0] if trial % 2 else rng.uniform(*box)
@@ -386,9 +382,45 @@ def test_located_and_second_round_stages_within_their_sensitivity():
         got, allowed = _stage_sensitivities(p, q, out)
         ratio = got / allowed
         worst = ratio if worst is None else np.maximum(worst, ratio)
+    return worst
+
+
+def test_located_and_second_round_stages_within_their_sensitivity():
+    """Brute force, replace-one with a loose box at a budget that locates the rows and runs
+    two stage-C rounds: every stage, the locating histograms included, moves by at most its
+    public whitened sensitivity."""
+    X, y, box = _loose_box_data()
+    data = kr.as_labelled_data(X, y, classes=[0, 1, 2], bounds=box, min_class_size=0)
+    kw = dict(epsilon=30.0, delta=1e-5, adjacency="replace-one")
+    p = kr.plan(data, None, **kw)
+    assert p.public.budget.locate > 0 and p.public.budget.tails > 0
+    def two_rounds(out):
+        assert len(design.stage_c_design(p.working(out), out)["shares"]) == 2
+
+    worst = _worst_replaced(p, X, y, box, kw, np.random.default_rng(2), 12, two_rounds)
     assert np.all(worst <= 1 + 1e-9), worst
     assert worst[0] > 0.2  # the locating rounds are exercised
     assert worst[-3] > 0.5  # stage T: a changed record moves no count or two
+
+
+def test_forced_locating_share_stays_within_its_sensitivity():
+    """Brute force, replace-one: 150 rows in a box about 60 times wider at eps = 1, where no
+    rung of the ladder locates them with its margin and the largest share is forced. Every
+    stage, the locating histograms included, moves by at most its public whitened
+    sensitivity for neighbours that replace a row (at the box's corner, or anywhere in it)."""
+    from klrelease.mechanisms.kl_certified.design import SETTINGS, locate_sd
+    from klrelease.mechanisms.kl_certified.locate import LOCATE, can_locate
+
+    X, y, box = _loose_box_data(n=150)
+    data = kr.as_labelled_data(X, y, classes=[0, 1, 2], bounds=box, min_class_size=0)
+    kw = dict(epsilon=1.0, delta=1e-5, adjacency="replace-one")
+    p = kr.plan(data, None, **kw)
+    b = p.public.budget
+    assert (b.locate / b.mu) ** 2 == pytest.approx(SETTINGS["locate_max"])
+    assert not can_locate(150, 2, locate_sd(b, 2), LOCATE["raised_margin"])  # forced
+    worst = _worst_replaced(p, X, y, box, kw, np.random.default_rng(3), 10)
+    assert np.all(worst <= 1 + 1e-9), worst
+    assert worst[0] > 0.2  # the locating rounds are exercised
 
 
 def test_a_loose_box_is_located():
