@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from scipy.linalg import solve_triangular
+from scipy.linalg import lapack, solve_triangular
 from scipy.special import gammaln
 from scipy.stats import chi2
 
@@ -169,8 +169,14 @@ def eig_sym(C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def eig_map(w: np.ndarray, V: np.ndarray, fn, out: np.ndarray | None = None) -> np.ndarray:
-    """``V fn(w) V^T`` (batched), into ``out`` if given."""
-    return np.matmul(V * fn(w)[..., None, :], np.swapaxes(V, -1, -2), out=out)
+    """``V fn(w) V^T`` (batched), into ``out`` if given. Where ``fn(w)`` is finite and not
+    negative (one matrix), as ``B B^T`` with ``B = V sqrt(fn(w))``: a Gram of one array, a
+    symmetric rank-k update at half a product's cost, and exactly symmetric."""
+    f = fn(w)
+    if V.ndim == 2 and np.all(np.isfinite(f)) and np.all(f >= 0):
+        B = V * np.sqrt(f)
+        return np.matmul(B, B.T, out=out)
+    return np.matmul(V * f[..., None, :], np.swapaxes(V, -1, -2), out=out)
 
 
 def eig_apply(C: np.ndarray, fn) -> np.ndarray:
@@ -828,7 +834,7 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
             # z = ch^-1 (t - m_k) for every row: one product with the factor's inverse per
             # block of rows (a matrix product, several times faster than a triangular solve
             # with many right-hand sides), in single precision where it cannot overflow
-            inv_t = solve_triangular(ch, np.eye(d), lower=True, check_finite=False).T
+            inv_t = _lower_inverse(ch).T
             # single precision only for a well-conditioned covariance: its rounding, about
             # 6e-8 of a row, grows by the factor's largest over its smallest scale in z
             dg = np.diag(ch)
@@ -850,6 +856,15 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     L -= L.max(axis=1, keepdims=True)
     R = np.exp(L)
     return R / R.sum(axis=1, keepdims=True)
+
+
+def _lower_inverse(L: np.ndarray) -> np.ndarray:
+    """The inverse of the lower triangular ``L`` (LAPACK ``trtri``: a third of the cost of a
+    triangular solve against the identity), zero above the diagonal."""
+    inv, info = lapack.dtrtri(L, lower=1)
+    if info != 0:
+        raise np.linalg.LinAlgError("singular triangular factor")
+    return np.tril(inv)
 
 
 def tail_posterior(pub: PublicInputs, n: np.ndarray, means: np.ndarray, covs: np.ndarray,

@@ -63,6 +63,7 @@ from .design import (
     add_symmetric_gaussian,
     capped,
     centres,
+    eig_map,
     estimate,
     flip_radius,
     gaussian_logpdf,
@@ -147,11 +148,9 @@ def whitening_frame(centre: np.ndarray, C: np.ndarray) -> Frame:
     w, V = np.linalg.eigh(S)
     del S
     w = np.maximum(w, 1e-12 * max(w.max(), 1e-300))
-    A = V / np.sqrt(w)
-    W = A @ V.T
-    A = np.multiply(V, np.sqrt(w), out=A)
-    W_inv = A @ V.T
-    del A, V
+    W = eig_map(w, V, lambda v: 1.0 / np.sqrt(v))
+    W_inv = eig_map(w, V, np.sqrt)
+    del V
     W /= sd[:, None]
     W_inv *= sd[None, :]
     return Frame(centre, W, W_inv)
