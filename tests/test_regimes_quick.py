@@ -59,3 +59,43 @@ def test_ppe_regimes_quick(tmp_path):
     assert [r["status"] for r in real] == ["FAIL"] * len(real)
     assert {r["stage"] for r in real} <= {"configuration", "preflight", "popularity test"}
     assert all(r["reason"] for r in real)
+
+
+def test_information_limit_quick(tmp_path):
+    """The cost of the missing labels: non-private EM on the grid's own data, from two starts,
+    beside the grid's figures read from its CSV (a CSV written here, with known figures)."""
+    import math
+
+    import pytest
+
+    from klrelease.experiments.learners_regimes import run_information_limit
+
+    with pytest.raises(FileNotFoundError, match="learners-regimes"):
+        run_information_limit(tmp_path, quick=True, progress=False)
+    folder = tmp_path / "learners_regimes"
+    folder.mkdir()
+    fields = ["setting", "k", "d", "epsilon", "n", "trial", "learner", "kl"]
+    with open(folder / "learners_regimes.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        for eps in (1.0, 4.0):
+            for learner, kl in (("kl-certified", 1e-5), ("dp-em", 2e-3)):
+                w.writerow({"setting": "overlapping", "k": 2, "d": 2, "epsilon": eps,
+                            "n": 100000, "trial": 0, "learner": learner, "kl": kl})
+    assert main(["experiment", "information-limit", "--quick", "--out", str(tmp_path)]) == 0
+    rows = json.loads((folder / "information_limit.json").read_text())["rows"]
+    assert [(r["k"], r["d"], r["epsilon"], r["n"]) for r in rows] == [
+        (2, 2, 1.0, 100000), (2, 2, 4.0, 100000)]
+    for r in rows:
+        assert r["kl_certified_kl"] == 1e-5 and r["dp_em_kl"] == 2e-3
+        assert r["em_from_truth_converged"] and r["em_from_labelled_fit_converged"]
+        # both starts reach the same maximum of the likelihood, a positive distance from
+        # the labelled fit
+        a, b = r["em_from_truth_kl"], r["em_from_labelled_fit_kl"]
+        assert 0 < a < 0.1 and math.isclose(a, b, rel_tol=0.05)
+        assert r["em_kl"] == min(a, b)
+        assert math.isclose(r["em_over_kl_certified"], r["em_kl"] / 1e-5)
+        assert r["labels_decide"] == (r["em_kl"] > 3e-5)
+    text = (folder / "information_limit.md").read_text()
+    decided = sum(r["labels_decide"] for r in rows)
+    assert f"E[KL] on {decided} of 2 cells" in text and "| EM from truth |" in text

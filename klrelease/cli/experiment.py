@@ -32,6 +32,12 @@ def _learners_speed(*, out: Path, quick: bool, trials: int | None, **_) -> str:
     return str(run_speed_check(out))
 
 
+def _information_limit(*, out: Path, quick: bool, trials: int | None, **_) -> str:
+    from ..experiments.learners_regimes import run_information_limit
+
+    return f"information-limit -> {run_information_limit(out, quick=quick)}"
+
+
 def _ppe_regimes(*, out: Path, quick: bool, trials: int | None, **_) -> str:
     from ..experiments.ppe_regimes import run_ppe_regimes
 
@@ -68,7 +74,8 @@ def _certified_study(name: str, runner: str, result: str):
 def _extra_experiments() -> dict:
     """Studies beyond the paper's synthetic sweeps: name -> runner returning a summary line."""
     return {"ppe-regimes": _ppe_regimes, "learners-regimes": _learners_regimes,
-            "learners-speed": _learners_speed, "solver-study": _solver_study,
+            "learners-speed": _learners_speed, "information-limit": _information_limit,
+            "solver-study": _solver_study,
             "certified": _certified_study("certified", "run_certified", "results.md"),
             "loose-bounds": _certified_study("loose-bounds", "run_loose_bounds",
                                              "loose_bounds.md"),
@@ -126,6 +133,7 @@ def no_empty_folders(out: Path):
 def experiment_command(
     name: Annotated[str, typer.Argument(
         help="fig1..fig13, or a study: ppe-regimes, learners-regimes, learners-speed, "
+             "information-limit, "
              "solver-study, certified, loose-bounds, oracle-bound, rate-in-n, heldout, "
              "heldout-sweep, heldout-loose")],
     quick: Annotated[bool, typer.Option("--quick", metavar="",

@@ -49,6 +49,11 @@ Then, PGME-lite in its paper's separation regime (``run_pgme_regime``): k = 2 co
 N = 2e4, eps = 1, d in {2, 5, 10}, five seeds each; the largest matched mean error per run.
 The target checks (``targets``) are computed from the rows and written to the JSON and to
 ``learners_regimes_tables.md`` with the per-cell tables.
+
+``klrelease experiment information-limit`` (:func:`run_information_limit`) then measures, on the
+overlapping cells at N >= 1e5, how far non-private maximum-likelihood EM on the same rows is
+from the labelled fit: the part of the gap between an unlabelled learner and a labelled
+release that no budget closes.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["run_learners_regimes", "expected_start", "GRID_LEARNERS"]
+__all__ = ["run_learners_regimes", "run_information_limit", "expected_start", "GRID_LEARNERS"]
 
 PGME = "kamath-pgme-lite"
 GRID_LEARNERS = ("dp-em", "park-dp-em", PGME, "kamath-sa-lite", "afzali-style-sample-aggregate")
@@ -166,6 +171,21 @@ def _means(setting: str, k: int, d: int) -> np.ndarray:
     M = np.zeros((k, d))
     M[:, 0], M[:, 1] = radius * np.cos(ang), radius * np.sin(ang)
     return M
+
+
+def cell_data(cell: Cell, trial: int):
+    """A cell's data, a function of the cell and the trial only: ``(rng, means, weights, z, X,
+    R)``, ``rng`` the cell's generator after drawing them (the learners' seeds come next), ``z``
+    the true components (every component holds at least ``d + 2`` rows), ``R`` the public
+    radius given to the learners."""
+    rng = np.random.default_rng(cell.seed(trial))
+    means = _means(cell.setting, cell.k, cell.d)
+    weights = np.full(cell.k, 1.0 / cell.k)
+    z = rng.integers(0, cell.k, cell.n)
+    z[: cell.k * (cell.d + 2)] = np.repeat(np.arange(cell.k), cell.d + 2)
+    X = means[z] + rng.normal(size=(cell.n, cell.d))
+    R = 1.2 * float(np.linalg.norm(means, axis=1).max())
+    return rng, means, weights, z, X, R
 
 
 def _options(learner: str, R: float, quick: bool) -> dict:
@@ -276,13 +296,7 @@ def run_learners_regimes(out: Path = Path("experiments"), *, quick: bool = False
                         for name in cell.learners]
             continue
         for trial in range(trials):
-            rng = np.random.default_rng(cell.seed(trial))
-            means = _means(cell.setting, cell.k, cell.d)
-            weights = np.full(cell.k, 1.0 / cell.k)
-            z = rng.integers(0, cell.k, cell.n)
-            z[: cell.k * (cell.d + 2)] = np.repeat(np.arange(cell.k), cell.d + 2)
-            X = means[z] + rng.normal(size=(cell.n, cell.d))
-            R = 1.2 * float(np.linalg.norm(means, axis=1).max())
+            rng, means, weights, z, X, R = cell_data(cell, trial)
             reference = fit_gmm(X, z)
             common = {"setting": cell.setting, "k": cell.k, "d": cell.d, "epsilon": cell.eps,
                       "delta": 1e-6, "n": cell.n, "trial": trial}
@@ -650,3 +664,128 @@ def run_speed_check(out: Path = Path("experiments"), *, learner: str = "dp-em",
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "speed.json").write_text(json.dumps(info, indent=2))
     return info
+
+
+# ------------------------------------------------------------- the cost of the missing labels
+
+#: the target this study explains: dp-em within this factor of labelled kl-certified
+LABELLED_FACTOR = 3.0
+
+
+def _em_fit(X: np.ndarray, k: int, weights, means, covariances):
+    """Non-private maximum-likelihood EM (scikit-learn's ``GaussianMixture``, full
+    covariances) started at the given parameters and run to convergence: the estimate an
+    unlabelled learner without noise aims at."""
+    from sklearn.mixture import GaussianMixture
+
+    from ..gmm import GMM
+
+    precisions = np.linalg.inv(np.asarray(covariances, dtype=float))
+    em = GaussianMixture(k, covariance_type="full", tol=1e-10, max_iter=5000, reg_covar=1e-9,
+                         weights_init=np.asarray(weights, dtype=float) / np.sum(weights),
+                         means_init=np.asarray(means, dtype=float),
+                         precisions_init=precisions)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        em.fit(X)
+    return GMM(em.weights_, em.means_, em.covariances_), int(em.n_iter_), bool(em.converged_)
+
+
+def run_information_limit(out: Path = Path("experiments"), *, quick: bool = False,
+                          progress: bool = True) -> Path:
+    """What the labels are worth on the overlapping cells at N >= 1e5: on each cell's data
+    (:func:`cell_data`, trial 0: the grid's own rows), non-private EM started at the true
+    parameters and at the labelled fit itself, its KL to the labelled fit (the matched KL of
+    the grid), beside the grid's dp-em and labelled kl-certified figures (read from
+    ``learners_regimes.csv`` in the same folder: run ``learners-regimes`` first).
+
+    An unlabelled learner sees the rows, not which component drew them; where components
+    overlap, the maximum-likelihood fit of the rows differs from the labelled fit by an amount
+    no budget removes. Where that gap alone is more than ``LABELLED_FACTOR`` times labelled
+    kl-certified's E[KL], no unlabelled learner that estimates the mixture of the rows can be
+    within that factor. Writes ``information_limit.md`` and ``.json``; returns the markdown's
+    path. ``quick``: the first two cells."""
+    import csv
+
+    from ..gmm import fit_gmm
+
+    folder = Path(out) / "learners_regimes"
+    grid_csv = folder / "learners_regimes.csv"
+    if not grid_csv.exists():
+        raise FileNotFoundError(f"{grid_csv} not found: run `klrelease experiment "
+                                f"learners-regimes --out {out}` first (this study reads its "
+                                "dp-em and kl-certified figures)")
+    grid: dict = {}
+    with open(grid_csv, newline="") as f:
+        for r in csv.DictReader(f):
+            if r["setting"] == "overlapping" and r["trial"] == "0" and r["kl"]:
+                key = (int(r["k"]), int(r["d"]), float(r["epsilon"]), int(r["n"]))
+                grid.setdefault(key, {})[r["learner"]] = float(r["kl"])
+    cells = [c for c in _grid(False) if c.setting == "overlapping" and c.n >= 100000
+             and "dp-em" in c.learners]
+    if quick:
+        cells = cells[:2]
+    rows = []
+    for i, cell in enumerate(cells):
+        t0 = time.perf_counter()
+        _, means, weights, z, X, _ = cell_data(cell, 0)
+        reference = fit_gmm(X, z)
+        truth, it_t, conv_t = _em_fit(X, cell.k, weights, means,
+                                      np.broadcast_to(np.eye(cell.d), (cell.k, cell.d, cell.d)))
+        own, it_o, conv_o = _em_fit(X, cell.k, reference.weights, reference.means,
+                                    reference.covariances)
+        fig = grid.get((cell.k, cell.d, cell.eps, cell.n), {})
+        row = {"k": cell.k, "d": cell.d, "epsilon": cell.eps, "n": cell.n,
+               "kl_certified_kl": fig.get("kl-certified"), "dp_em_kl": fig.get("dp-em"),
+               "em_from_truth_kl": _matched_kl(truth, reference),
+               "em_from_truth_iterations": it_t, "em_from_truth_converged": conv_t,
+               "em_from_labelled_fit_kl": _matched_kl(own, reference),
+               "em_from_labelled_fit_iterations": it_o, "em_from_labelled_fit_converged": conv_o,
+               "seconds": round(time.perf_counter() - t0, 2)}
+        row["em_kl"] = min(row["em_from_truth_kl"], row["em_from_labelled_fit_kl"])
+        kc = row["kl_certified_kl"]
+        row["em_over_kl_certified"] = None if kc is None else row["em_kl"] / kc
+        row["labels_decide"] = None if kc is None else row["em_kl"] > LABELLED_FACTOR * kc
+        rows.append(row)
+        if progress:
+            print(f"[{i + 1}/{len(cells)}] k={cell.k} d={cell.d} eps={cell.eps:g} "
+                  f"N={cell.n}: EM {row['em_kl']:.3g}, kl-certified {kc}", file=sys.stderr,
+                  flush=True)
+    (folder / "information_limit.json").write_text(json.dumps(
+        {"command": "klrelease experiment information-limit --out " + str(out),
+         "factor": LABELLED_FACTOR, "rows": rows}, indent=2))
+    path = folder / "information_limit.md"
+    path.write_text(_information_markdown(rows, out))
+    return path
+
+
+def _information_markdown(rows: list[dict], out) -> str:
+    compared = [r for r in rows if r["kl_certified_kl"] is not None]
+    decided = [r for r in compared if r["labels_decide"]]
+    dp_met = [r for r in compared if r["dp_em_kl"] is not None
+              and r["dp_em_kl"] <= LABELLED_FACTOR * r["kl_certified_kl"]]
+    lines = [
+        "# The cost of the missing labels (overlapping cells, N >= 1e5)", "",
+        f"Command: `klrelease experiment information-limit --out {out}` (reads the dp-em and "
+        "kl-certified figures of `learners_regimes.csv`; the data of each cell are the grid's "
+        "own, trial 0). EM: non-private maximum-likelihood EM (scikit-learn, full "
+        "covariances, run to convergence) started at the true parameters and at the labelled "
+        "fit itself; its column is the lower of the two KLs to the labelled fit (the grid's "
+        "matched KL). kl-certified sees the labels (replace-one, 10 draws); dp-em and EM do "
+        "not.", "",
+        f"Non-private EM is itself more than {LABELLED_FACTOR:g}x labelled kl-certified's "
+        f"E[KL] on {len(decided)} of {len(compared)} cells: there, no unlabelled learner "
+        "that estimates the mixture of the rows can be within that factor, with or without "
+        f"privacy. dp-em is within {LABELLED_FACTOR:g}x on {len(dp_met)} of {len(compared)}.",
+        "",
+        "| k | d | eps | N | kl-certified (labelled) | dp-em | EM from truth | "
+        "EM from labelled fit | EM / kl-certified | dp-em / EM |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        kc, dp, em = r["kl_certified_kl"], r["dp_em_kl"], r["em_kl"]
+        lines.append(
+            f"| {r['k']} | {r['d']} | {r['epsilon']:g} | {r['n']:.0e} | {_fmt(kc)} | "
+            f"{_fmt(dp)} | {_fmt(r['em_from_truth_kl'])} | {_fmt(r['em_from_labelled_fit_kl'])}"
+            f" | {_fmt(None if kc is None else em / kc)} | "
+            f"{_fmt(None if dp is None else dp / em)} |")
+    return "\n".join(lines) + "\n"
