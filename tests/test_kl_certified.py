@@ -1369,15 +1369,12 @@ def test_label_flip_class_without_released_second_moments_keeps_its_thin_directi
 
 def test_label_flip_pooled_covariance_does_not_collapse_where_the_means_are_noise():
     """Label flip, Gaussian design, eps = 0.5: five classes of nearly the same distribution in
-    d = 19, features on scales from 1e-2 to 1e3. The released means are mostly noise, and so
-    is the between-class term of the pooled covariance. Subtracted in full and lowered by its
-    margin in every direction, it took the pooled covariance to its floor: the largest class's
-    released covariance was about 1/20 of its own along some direction and E[KL] about 7 times
-    that of the public total covariance given to every class. Shrunk by its noise energy
-    (``between_shrinkage``), with the means shrunk toward the public total mean
-    (``shrink_means``), the covariance stays above 1/10 of its own along every direction in
-    every draw (about 0.65 at least) and E[KL] below 1.5 times the public total model's (about
-    0.8 times)."""
+    d = 19, features on scales from 1e-2 to 1e3. The released means are mostly noise; their
+    margin lowers the pooled covariance in every direction, down to its floor. With the
+    label-flip floor at 0.03 of the largest eigenvalue the largest class's released
+    covariance stays above 1/100 of its own along every direction (at a floor of 1e-3: about
+    1/500, in every draw) and E[KL] below 10 times that of the public total covariance given
+    to every class (about 7 times; at a floor of 1e-3 about 19 times, in every draw)."""
     rng = np.random.default_rng(5)
     n, d, K = 900, 19, 5
     A = rng.normal(size=(d, d)) / np.sqrt(d) + np.eye(d)
@@ -1393,47 +1390,9 @@ def test_label_flip_pooled_covariance_does_not_collapse_where_the_means_are_nois
     rel = [p.draw(np.random.default_rng(seed)) for seed in range(8)]
     for r in rel:
         w = eigh(r.covariances[big], fit.covariances[big], eigvals_only=True)
-        assert w.min() > 0.1, w.min()
+        assert w.min() > 0.01, w.min()
     kl = np.mean([kr.kl_divergence(r, fit) for r in rel])
-    assert kl < 1.5 * kr.kl_divergence(total, fit), kl
-
-
-def test_between_shrinkage_and_mean_shrinkage_follow_their_noise():
-    """The James-Stein weights of the label-flip post-processing: 1 (everything shrunk) where
-    the noise dominates, 0 (nothing) where it vanishes, the formula in between; the means in
-    the class covariance's metric, against explicit inverses."""
-    from types import SimpleNamespace
-
-    from klrelease.mechanisms.kl_certified.design import (
-        SETTINGS,
-        between_shrinkage,
-        shrink_means,
-    )
-
-    pub = SimpleNamespace(settings=dict(SETTINGS))
-    rng = np.random.default_rng(3)
-    B = rng.normal(size=(4, 4))
-    B = B @ B.T
-    energy = float(np.sum(B * B))
-    assert between_shrinkage(pub, B, 0.0, 10.0) == 0.0
-    assert between_shrinkage(pub, B, 1e6, 10.0) == 1.0
-    err = 0.5 * np.sqrt(energy) / 10.0
-    assert np.isclose(between_shrinkage(pub, B, err, 10.0), 0.25)
-    assert between_shrinkage(pub, np.zeros((4, 4)), 1.0, 10.0) == 1.0
-    assert between_shrinkage(pub, np.full((4, 4), np.nan), 1.0, 10.0) == 1.0
-    K, d = 3, 4
-    A = rng.normal(size=(K, d, d))
-    covs = A @ np.swapaxes(A, 1, 2) + np.eye(d)
-    means = rng.normal(size=(K, d))
-    C = np.stack([0.05 * np.eye(d), np.zeros((d, d)), 1e6 * np.eye(d)])
-    got = means.copy()
-    shrink_means(pub, got, C, covs)
-    Si = np.linalg.inv(covs[0])
-    a = min(1.0, np.trace(Si @ C[0]) / (means[0] @ Si @ means[0]))
-    np.testing.assert_allclose(got[0], (1 - a) * means[0], rtol=1e-10)
-    assert 0 < a < 1
-    np.testing.assert_array_equal(got[1], means[1])  # no noise: unchanged
-    np.testing.assert_array_equal(got[2], 0.0)  # noise only: the public total mean
+    assert kl < 10 * kr.kl_divergence(total, fit), kl
 
 
 def test_harmonic_targets_average_the_precisions():

@@ -101,13 +101,6 @@ SETTINGS = {
     "release_ratio": 4.0,  # label flip: class second moments released only if their noise
     #                        energy is at most this x that expected divergence
     "eigen_margin": 1.0,  # pooled eigenvalues lowered by this x their noise scale
-    # label flip: the between-class term of the pooled covariance shrunk toward 0 by this x
-    # its noise energy over its own (James-Stein), and class means toward the public total
-    # mean by this x their noise over their distance from it (chosen on the development sets:
-    # at eps 0.5 E[KL] 0.74x in geometric mean, 20 sets better by more than 10%, 4 worse;
-    # from eps 2 on, unchanged)
-    "between_shrink": 1.0,
-    "mean_shrink": 1.0,
     "class_floor": 0.1,  # class eigenvalues >= this x the smallest target eigenvalue, at most
     "noise_floor": 1.0,  # ... and at most this x the noise scale of the class estimate
     "pooled_floor": 1e-3,  # pooled eigenvalues >= this x the largest one, at most, and at
@@ -604,12 +597,10 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
                       cover: bool | str | np.ndarray = False):
     """The pooled within-class covariance (frame units) from public and released values.
 
-    Label flip: ``(T - (1 - a) sum_k n_k (m_k m_k^T - C_k)) / (N - K)`` with ``T`` the public
-    total scatter, ``m_k`` released means and ``C_k`` their noise covariance (its expected
-    contribution removed), the between-class term shrunk by the James-Stein weight ``a`` of
-    :func:`between_shrinkage` (its noise margin below with it). Replace-one: the released
-    scatter about the released stage-A centres, corrected for the distance between those
-    centres and ``means``.
+    Label flip: ``(T - sum_k n_k (m_k m_k^T - C_k)) / (N - K)`` with ``T`` the public total
+    scatter, ``m_k`` released means and ``C_k`` their noise covariance (its expected
+    contribution removed). Replace-one: the released scatter about the released stage-A
+    centres, corrected for the distance between those centres and ``means``.
     Eigenvalues are lowered by their noise scale (the KL divergence punishes an overestimated
     variance more than an underestimated one) and floored relative to the largest, at most
     at that noise scale. Under label flip the margin is the noise of the between-class term,
@@ -631,17 +622,10 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     N, K = pub.n_samples, pub.n_classes
     dof = max(N - K, 1)
     if pub.label_flip:
-        between = _between(n, means, means_cov)
+        P = (pub.total_scatter - _between(n, means, means_cov)) / dof
         quad = np.einsum("ki,kij,kj->k", means, means_cov, means)
         err = np.sqrt(np.sum(n**2 * (4 * quad + np.trace(means_cov, axis1=1, axis2=2) ** 2)))
         err /= dof
-        # James-Stein: the between-class term shrunk toward 0 (the within-class covariance
-        # toward the public total one) by its noise energy, and its margin with it
-        keep = 1.0 - between_shrinkage(pub, between, err, dof)
-        between *= keep
-        err *= keep
-        P = (pub.total_scatter - between) / dof
-        del between
     else:
         shift = means - scatter_centres
         P = (scatter - _between(n, shift, means_cov)) / dof
@@ -665,23 +649,6 @@ def pooled_covariance(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
         return lowered
     covering = shapes.lowered_by(0.0)
     return (lowered, covering) if cover == "both" else covering
-
-
-def between_shrinkage(pub: PublicInputs, between: np.ndarray, err: float, dof: float) -> float:
-    """Label flip: the James-Stein weight ``a`` toward 0 of the between-class term ``B`` of
-    :func:`pooled_covariance`: ``min(1, between_shrink * (err dof)^2 / ||B||_F^2)``, with
-    ``err dof`` the Frobenius scale of ``B``'s noise (from the released means' noise). Where the
-    means are mostly noise (small budgets), ``B`` is mostly noise too: subtracted in full and
-    then lowered by its margin in every direction, it took the pooled covariance to its floor
-    in every direction (on `Ecdat.Heating` at eps 0.5 every class's covariance 8-40x too thin;
-    E[KL] 18.3, against 1.16 for the public total covariance given to every class). Shrunk,
-    the pooled covariance tends to the public total one as the noise grows and is unchanged as
-    it vanishes. Post-processing of released values."""
-    scale = pub.settings["between_shrink"] * (err * dof) ** 2
-    energy = float(np.sum(between * between))
-    if not (np.isfinite(energy) and np.isfinite(scale)) or energy <= 0:
-        return 1.0
-    return min(1.0, scale / energy)
 
 
 class _LoweredShapes:
@@ -1721,8 +1688,8 @@ def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
     n_all = (robust_counts(pub, output["counts_all"], pub.counts_all_sd)
              if "counts_all" in output else None)
     if len(first["shares"]) == 1:
-        means, means_cov, _, covs = _first_round(
-            pub, output, first if n_all is None else {**first, "n": n_all})
+        means, _, _, covs = _first_round(pub, output,
+                                         first if n_all is None else {**first, "n": n_all})
     else:
         second = round_two_design(pub, output, first) if second is None else second
         n, reg, noise = second["n"], second["regions"], second["noise"]
@@ -1736,43 +1703,18 @@ def estimate(pub: PublicInputs, output: dict, first: dict | None = None,
         m3 = _region_centres(reg, n, S1, d, corr)
         f3 = _region_precision_scales(reg, noise, n, d, corr)
         mean_2, cov_2 = second["means"], second["means_cov"]
-        means, means_cov = np.empty((K, d)), np.empty((K, d, d))
+        means = np.empty((K, d))
         for k in range(K):
-            means[k], means_cov[k] = combine_one(mean_2[k], m3[k], C1=cov_2[k],
-                                                 A2=_region_precision(reg, f3, k))
+            means[k] = combine_one(mean_2[k], m3[k], C1=cov_2[k],
+                                   A2=_region_precision(reg, f3, k), want_cov=False)[0]
         covs = class_covariances(pub, reg, noise, n, S1, S2, second["covs"], corr)
         del S1, S2
-    if pub.label_flip:
-        shrink_means(pub, means, means_cov, covs)
-    del means_cov
     weights = released_weights(output["counts_all" if n_all is not None else "counts"], N, K)
     fr = pub.frame
     raw_means = fr.mean_to_raw(means)
     # positive definite by construction (floored in the class frame, mapped by congruence);
     # mapped and symmetrised in place, one class at a time
     return weights, raw_means, fr.covs_to_raw(covs, out=covs)
-
-
-def shrink_means(pub: PublicInputs, means: np.ndarray, means_cov: np.ndarray,
-                 covs: np.ndarray) -> None:
-    """Label flip: each class mean (frame units, in place) shrunk toward the public total mean
-    (the frame's origin) by the positive-part James-Stein weight ``min(1, mean_shrink *
-    tr(S_k^-1 C_k) / (m_k^T S_k^-1 m_k))`` in the metric of the class's released covariance
-    ``S_k`` (the metric of the KL divergence), ``C_k`` the mean's noise covariance. Where the
-    noise hides the class's offset the mean falls back toward the public one; as the noise
-    vanishes it is unchanged. Post-processing of released values; a class whose covariance
-    has no Cholesky factor, or whose figures are not finite, is left as it is."""
-    for k in range(means.shape[0]):
-        try:
-            Li = _lower_inverse(np.linalg.cholesky(0.5 * (covs[k] + covs[k].T)))
-        except np.linalg.LinAlgError:
-            continue
-        with np.errstate(all="ignore"):
-            z = Li @ means[k]
-            noise = float(np.sum((Li @ means_cov[k]) * Li))  # tr(S^-1 C)
-            dist = float(z @ z)
-        if dist > 0 and np.isfinite(dist) and np.isfinite(noise):
-            means[k] *= 1.0 - min(1.0, pub.settings["mean_shrink"] * noise / dist)
 
 
 def gaussian_logpdf(x: np.ndarray, sd) -> float:
