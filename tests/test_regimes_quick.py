@@ -68,22 +68,29 @@ def test_information_limit_quick(tmp_path):
 
     import pytest
 
-    from klrelease.experiments.learners_regimes import run_information_limit
+    from klrelease.experiments.learners_regimes import LABELLED_FACTOR, run_information_limit
 
     with pytest.raises(FileNotFoundError, match="learners-regimes"):
         run_information_limit(tmp_path, quick=True, progress=False)
     folder = tmp_path / "learners_regimes"
     folder.mkdir()
-    detail = [{"setting": "overlapping", "k": 2, "d": 2, "epsilon": eps, "n": 100000,
-               "dp_em_kl": 2e-3, "kl_certified_kl": 1e-5} for eps in (1.0, 4.0)]
+    # eps 1: kl-certified far above EM (EM within the factor), dp-em within it; eps 4: EM
+    # misses it, dp-em too; a later trial of the same cells is not read
+    detail = [{"setting": "overlapping", "k": 2, "d": 2, "epsilon": 1.0, "n": 100000,
+               "dp_em_kl": 2.0, "kl_certified_kl": 1.0},
+              {"setting": "overlapping", "k": 2, "d": 2, "epsilon": 4.0, "n": 100000,
+               "dp_em_kl": 2e-3, "kl_certified_kl": 1e-5},
+              {"setting": "overlapping", "k": 2, "d": 2, "epsilon": 4.0, "n": 100000,
+               "trial": 1, "dp_em_kl": 9.0, "kl_certified_kl": 9.0}]
     (folder / "learners_regimes.json").write_text(json.dumps(
         {"targets": {"within_3x_of_kl_certified_n_ge_1e5": {"detail": detail}}}))
     assert main(["experiment", "information-limit", "--quick", "--out", str(tmp_path)]) == 0
     rows = json.loads((folder / "information_limit.json").read_text())["rows"]
     assert [(r["k"], r["d"], r["epsilon"], r["n"]) for r in rows] == [
         (2, 2, 1.0, 100000), (2, 2, 4.0, 100000)]
+    assert [(r["kl_certified_kl"], r["dp_em_kl"]) for r in rows] == [(1.0, 2.0), (1e-5, 2e-3)]
+    assert [r["em_misses"] for r in rows] == [False, True]
     for r in rows:
-        assert r["kl_certified_kl"] == 1e-5 and r["dp_em_kl"] == 2e-3
         assert r["em_from_truth_converged"] and r["em_from_labelled_fit_converged"]
         # both starts reach the same maximum of the likelihood, a positive distance from
         # the labelled fit; the column keeps the start of higher likelihood
@@ -92,8 +99,9 @@ def test_information_limit_quick(tmp_path):
         assert r["loglik_gap"] < 1e-6
         lt, lf = r["em_from_truth_loglik"], r["em_from_labelled_fit_loglik"]
         assert r["em_kl"] == (a if lt >= lf else b)
-        assert math.isclose(r["em_over_kl_certified"], r["em_kl"] / 1e-5)
-        assert r["em_misses"] == (r["em_kl"] > 3e-5)
+        assert math.isclose(r["em_over_kl_certified"], r["em_kl"] / r["kl_certified_kl"])
+        assert r["em_misses"] == (r["em_kl"] > LABELLED_FACTOR * r["kl_certified_kl"])
     text = (folder / "information_limit.md").read_text()
-    missed = sum(r["em_misses"] for r in rows)
-    assert f"on {missed} of 2 cells" in text and "| EM from truth |" in text
+    assert "on 1 of 2 cells" in text and "| EM from truth |" in text
+    assert "dp-em is within 3x on 1 of 2: on 0 of the 1 that EM misses" in text
+    assert "and on 1 of the other 1." in text
