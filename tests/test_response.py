@@ -177,6 +177,7 @@ def test_dp_event_is_pure_epsilon_in_dp_accounting():
 
 
 @pytest.mark.parametrize("mechanism,options", [("randomized-response", {}),
+                                               ("public-total", {}),
                                                ("kl-certified", {"design": "response"})])
 def test_response_releases_are_certified_and_audited(mechanism, options):
     X, y = synthetic_gmm_data(N=60, K=3, d=2, seed=4)

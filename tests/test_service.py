@@ -268,7 +268,7 @@ def test_csv_dataset_releases_through_the_chunked_source(svc, tmp_path):
     assert r.status_code == 422 and "public bound" in r.json()["detail"]
     assert len(svc.ledger.charge_rows(svc.ledger.dataset("csvdata"))) == 1
     served = [m["name"] for m in svc.get(tok, "/v1/datasets/csvdata").json()["mechanisms"]]
-    assert served == ["kl-certified", "randomized-response"]
+    assert served == ["kl-certified", "randomized-response", "public-total"]
 
 
 def test_a_mechanism_that_needs_the_data_in_memory_is_refused_before_any_charge(svc):

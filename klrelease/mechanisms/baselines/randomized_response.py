@@ -44,8 +44,8 @@ from ..base import Guarantee, Mechanism, MechanismOptions, last_resort
 from ..registry import register
 from ..response import ResponsePlan, response_guarantee, response_plan
 
-__all__ = ["LabelResponse", "RandomizedResponse", "Standardised", "moments_model",
-           "plain_estimate"]
+__all__ = ["LabelResponse", "PlainResponse", "RandomizedResponse", "Standardised",
+           "moments_model", "plain_estimate"]
 
 #: Covariance eigenvalues are at least this, in the standardised features.
 EIGEN_FLOOR = 1e-6
@@ -93,17 +93,18 @@ def moments_model(n: np.ndarray, S1: np.ndarray, S2: np.ndarray, *, n_samples: i
     return GMM(w, frame.mean + mu * sd, 0.5 * (covs + np.swapaxes(covs, -1, -2)), classes)
 
 
-def standardised_frame(data, name: str = "randomized-response") -> tuple[Standardised, int]:
+def standardised_frame(data, name: str = "randomized-response", covariance: bool = False):
     """The public standardising frame and N (one pass over the features of a source, which
-    also validates every label before any noise), its scales checked (:func:`check_scales`).
-    """
+    also validates every label before any noise), its scales checked (:func:`check_scales`);
+    with ``covariance``, also the features' covariance in the frame (``(frame, N, C)``)."""
     from ...stream import Source
 
+    C = None
     if isinstance(data, Source):
         m0, _ = data.pooled_and_sample(size=1, check_labels=True)
         N = int(round(m0.counts[0]))
-        var = np.diag(m0.scatters[0]) / max(N - 1, 1)
-        mean, sd = m0.means[0], np.sqrt(np.maximum(var, 0.0))
+        C = m0.scatters[0] / max(N - 1, 1)
+        mean, sd = m0.means[0], np.sqrt(np.maximum(np.diag(C), 0.0))
     else:
         X = data.X
         N = data.n_samples
@@ -112,8 +113,16 @@ def standardised_frame(data, name: str = "randomized-response") -> tuple[Standar
                          f"{name}: the features' magnitudes")
             mean = X.mean(axis=0)
             sd = X.std(axis=0, ddof=1) if N > 1 else np.zeros(X.shape[1])
+            if covariance:
+                C = (np.atleast_2d(np.cov(X, rowvar=False)) if N > 1
+                     else np.zeros((X.shape[1], X.shape[1])))
     check_scales(sd, f"{name}: the features' standard deviations")
-    return Standardised(mean, sd), N
+    frame = Standardised(mean, sd)
+    if not covariance:
+        return frame, N
+    with np.errstate(all="ignore"):
+        C = np.nan_to_num(C / np.outer(frame.sd, frame.sd))
+    return frame, N, 0.5 * (C + C.T)
 
 
 class LabelResponse(Mechanism):
@@ -130,15 +139,14 @@ class LabelResponse(Mechanism):
         return bool(public.get("classes_declared"))
 
 
-@register
-class RandomizedResponse(LabelResponse):
-    """Randomized response on the labels, debiased class moments; certified (label flip)."""
+class PlainResponse(LabelResponse):
+    """What the one-stage randomized-response releases share (every label reported once, from
+    a source in chunks too): their claim and the inputs of their plan. ``proof``: the module
+    whose docstring proves the claim."""
 
-    name = "randomized-response"
-    summary = ("randomized response on the labels, debiased class moments (label flip; pure "
-               "eps-DP); certified baseline")
     Options = MechanismOptions
     streams = True
+    proof = ""
 
     def public_guarantee(self, *, epsilon, delta, options, n_samples, n_classes, n_features):
         """The claim from public inputs alone (before any data is read)."""
@@ -147,8 +155,9 @@ class RandomizedResponse(LabelResponse):
                          statement="randomized response on the labels (pure epsilon-DP)",
                          curve=PureCurve(epsilon, response_dp_event(epsilon, n_classes)))
 
-    def plan(self, data: LabelledData, *, epsilon: float, delta: float,
-             **options) -> ResponsePlan:
+    def response_inputs(self, data, epsilon: float, delta: float):
+        """``(guarantee, public options)`` of a plan, the classes of a source resolved (a Dask
+        source refused: its workers would hold the noise key)."""
         from ...stream import Source
 
         if isinstance(data, Source):
@@ -160,13 +169,28 @@ class RandomizedResponse(LabelResponse):
                                  "read the data with another source")
             data.resolve_classes()
         declared = bool(getattr(data, "classes_declared", False))
-        K, d = len(data.classes), data.n_features
-        guarantee = response_guarantee(self.name, epsilon, delta, K, declared,
-                                       "klrelease/mechanisms/baselines/randomized_response.py")
-        frame, N = standardised_frame(data)
+        guarantee = response_guarantee(self.name, epsilon, delta, len(data.classes), declared,
+                                       self.proof)
         public = {"adjacency": Adjacency.LABEL_FLIP.value,
                   "adjacency_meaning": ADJACENCY_DESCRIPTIONS[Adjacency.LABEL_FLIP],
                   "classes_declared": declared}
+        return guarantee, public
+
+
+@register
+class RandomizedResponse(PlainResponse):
+    """Randomized response on the labels, debiased class moments; certified (label flip)."""
+
+    name = "randomized-response"
+    summary = ("randomized response on the labels, debiased class moments (label flip; pure "
+               "eps-DP); certified baseline")
+    proof = "klrelease/mechanisms/baselines/randomized_response.py"
+
+    def plan(self, data: LabelledData, *, epsilon: float, delta: float,
+             **options) -> ResponsePlan:
+        guarantee, public = self.response_inputs(data, epsilon, delta)
+        K, d = len(data.classes), data.n_features
+        frame, N = standardised_frame(data)
         classes = data.classes
 
         def estimate(m: ReportedMoments) -> GMM:
