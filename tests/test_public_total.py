@@ -1,6 +1,6 @@
 """``public-total``: every class the public features' mean and covariance, weights from
-randomized response on the labels (label flip). Its law and audit are checked with the other
-randomized-response releases (``tests/test_response.py``)."""
+randomized response on the labels (label flip). Its audit, and the sampler's likelihood ratio,
+are checked with the other randomized-response releases (``tests/test_response.py``)."""
 
 from __future__ import annotations
 
@@ -80,3 +80,45 @@ def test_streamed_public_total_equals_its_model_of_the_streamed_reports():
                                atol=1e-6)
     np.testing.assert_allclose(g.covariances[1], C, rtol=1e-8, atol=1e-8 * np.abs(C).max())
     assert np.isclose(g.weights.sum(), 1.0)
+
+
+def test_undeclared_classes_warn_and_are_not_certified():
+    X, y = _data(4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rel = kr.release(X, y, epsilon=1.0, delta=1e-5, mechanism="public-total")
+    assert not rel.privacy.certified
+    assert any(issubclass(w.category, PrivacyLeakWarning) for w in caught)
+
+
+def test_units_of_a_feature_change_nothing_but_its_units():
+    """The same seed on the features in other units (scaled and shifted): the same weights,
+    the means and covariances in the new units."""
+    X, y = _data(5)
+    a = np.array([1e-3, 7.0, 1.0, 250.0])
+    b = np.array([5.0, -3.0, 0.0, 1e4])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyLeakWarning)
+        g = kr.release(X, y, classes=[0, 1, 2], mechanism="public-total", epsilon=1.0,
+                       delta=1e-5, seed=7).gmm
+        h = kr.release(X * a + b, y, classes=[0, 1, 2], mechanism="public-total",
+                       epsilon=1.0, delta=1e-5, seed=7).gmm
+    np.testing.assert_array_equal(g.weights, h.weights)
+    np.testing.assert_allclose(h.means, g.means * a + b, rtol=1e-9)
+    np.testing.assert_allclose(h.covariances, g.covariances * np.outer(a, a), rtol=1e-8)
+
+
+def test_every_one_stage_response_release_names_an_existing_proof():
+    """A claim says where it is proven: every registered one-stage response release names a
+    file of the repository."""
+    from pathlib import Path
+
+    from klrelease.mechanisms import get_mechanism, mechanisms
+    from klrelease.mechanisms.baselines.randomized_response import PlainResponse
+
+    root = Path(__file__).resolve().parent.parent
+    plain = [get_mechanism(n) for n in mechanisms()
+             if isinstance(get_mechanism(n), PlainResponse)]
+    assert {m.name for m in plain} >= {"randomized-response", "public-total"}
+    for m in plain:
+        assert m.proof and (root / m.proof).is_file(), m.name

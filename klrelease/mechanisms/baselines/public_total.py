@@ -24,9 +24,11 @@ Privacy map (proof). The released value is the vector of reported labels, exactl
 labels (the debiased counts, the features' mean and covariance, the projection and the floor)
 is post-processing of the reports and the public features. Not available on Dask sources (the
 workers would hold the noise key); with classes read from the labels instead of declared,
-which classes occur is not protected: such a release warns and is not certified. The tests
-``tests/test_public_total.py`` check the output against this description and the exact
-likelihood ratio of the reports over neighbours.
+which classes occur is not protected: such a release warns and is not certified. The
+reports' exact likelihood ratio over neighbouring labels is checked in
+``tests/test_response.py`` (for the sampler every response release calls), the release by
+the project's audit there too; ``tests/test_public_total.py`` checks the output against
+this description.
 """
 
 from __future__ import annotations
@@ -69,8 +71,8 @@ class PublicTotal(PlainResponse):
                                  n_samples=N, frame=frame, classes=classes)
 
         def estimate(m: ReportedMoments) -> GMM:
-            n = debiased_moments(m, K, epsilon)[0]
-            return last_resort(lambda: model(n), K, d, classes)
+            return last_resort(lambda: model(debiased_moments(m, K, epsilon)[0]), K, d,
+                               classes)
 
         def public_model() -> GMM:
             return last_resort(lambda: model(np.full(K, N / K)), K, d, classes)
