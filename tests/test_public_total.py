@@ -122,3 +122,17 @@ def test_every_one_stage_response_release_names_an_existing_proof():
     assert {m.name for m in plain} >= {"randomized-response", "public-total"}
     for m in plain:
         assert m.proof and (root / m.proof).is_file(), m.name
+
+
+@pytest.mark.parametrize("mechanism", ["randomized-response", "public-total"])
+def test_a_dask_source_is_refused_before_its_rows_are_read(mechanism):
+    """The labels' noise is drawn where the rows are read: on a Dask cluster the workers would
+    hold its key, so a Dask source is refused when the plan is made."""
+    da = pytest.importorskip("dask.array")
+    from klrelease.stream import DaskSource
+
+    X, y = _data(6)
+    src = DaskSource(da.from_array(X, chunks=(100, 4)), da.from_array(y, chunks=100),
+                     classes=[0, 1, 2])
+    with pytest.raises(ValueError, match="Dask cluster"):
+        kr.plan(src, None, mechanism=mechanism, epsilon=1.0, delta=1e-5)
