@@ -275,8 +275,11 @@ def test_budget_accountant_composes_response_and_gaussian_exactly():
         acc.spend(rr(1.0, 3))
 
 
-def test_a_source_failing_while_the_labels_are_drawn_still_releases():
-    """The response design reads a chunked source in one pass while it draws the labels: if
+@pytest.mark.parametrize("mechanism,options", [("kl-certified", {"design": "response"}),
+                                               ("randomized-response", {}),
+                                               ("public-total", {})])
+def test_a_source_failing_while_the_labels_are_drawn_still_releases(mechanism, options):
+    """A response release reads a chunked source in one pass while it draws the labels: if
     the source fails in that pass the release does not fail (a re-run would spend the budget
     again); it is the model of the public features alone, and says so."""
     from klrelease.stream import ArraySource
@@ -296,7 +299,7 @@ def test_a_source_failing_while_the_labels_are_drawn_still_releases():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         r = kr.release(Flaky(X, y, classes=[0, 1, 2], chunk_rows=100), None, epsilon=5.0,
-                       delta=1e-6, design="response", seed=2)
+                       delta=1e-6, mechanism=mechanism, seed=2, **options)
     assert "public features alone" in r.options["fallback"]
     assert r.gmm.weights.shape == (3,) and np.all(np.isfinite(r.gmm.means))
 
