@@ -45,8 +45,9 @@ def test_the_certified_study_runs_from_its_command(tmp_path, capsys):
     folder = tmp_path / "certified"
     assert {p.name for p in folder.iterdir()} == {"results.csv", "results.md"}
     rows = (folder / "results.csv").read_text().splitlines()
-    assert len(rows) == 1 + 2 * 2 * 5  # two datasets, two eps, five mechanisms
+    assert len(rows) == 1 + 2 * 2 * 6  # two datasets, two eps, six mechanisms
     assert sum(",rr-with-prior," in r for r in rows) == 4
+    assert sum(",public-total," in r for r in rows) == 4
     text = (folder / "results.md").read_text()
     assert f"klrelease experiment certified --quick --draws 2 --out {tmp_path}" in text
     assert "## Checks" in text
