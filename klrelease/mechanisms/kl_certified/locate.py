@@ -162,6 +162,16 @@ class Located:
         return clip_to_bounds(U, self.lower, self.upper, out=U)
 
 
+def _kept(noisy: np.ndarray, window: Window, threshold: float):
+    """``(w, mids, mass)`` of noisy histograms over ``window``: the bins' widths per feature,
+    their midpoints ``(d, bins)``, and the counts above ``threshold`` (0 elsewhere): the kept
+    distribution that :func:`located_from` and :func:`spread_scale` both read."""
+    bins = noisy.shape[1]
+    w = window.width(bins)
+    mids = window.lo[:, None] + (np.arange(bins)[None, :] + 0.5) * w[:, None]
+    return w, mids, np.where(noisy > threshold, noisy, 0.0)
+
+
 def located_from(noisy: np.ndarray, window: Window, threshold: float,
                  n_samples: int) -> Located:
     """The located frame from the second round's noisy histograms (post-processing).
@@ -172,9 +182,7 @@ def located_from(noisy: np.ndarray, window: Window, threshold: float,
     :func:`located_frame` replaces with the bound's window (:func:`in_bound`).
     """
     d, bins = noisy.shape
-    w = window.width(bins)
-    mids = window.lo[:, None] + (np.arange(bins)[None, :] + 0.5) * w[:, None]
-    mass = np.where(noisy > threshold, noisy, 0.0)
+    w, mids, mass = _kept(noisy, window, threshold)
     box = occupied(noisy, window, threshold, n_samples)
     centre = 0.5 * (window.lo + window.hi)
     scale = 0.25 * (window.hi - window.lo)
@@ -207,10 +215,8 @@ def spread_scale(noisy: np.ndarray, window: Window, threshold: float, n_samples:
     noise can hide unplaced rows. A feature whose kept counts do not reach ``mass`` x N keeps
     ``scale`` (it was not located). As the budget grows the threshold falls, every row is placed
     and the term vanishes."""
-    d, bins = noisy.shape
-    w = window.width(bins)
-    mids = window.lo[:, None] + (np.arange(bins)[None, :] + 0.5) * w[:, None]
-    mass = np.where(noisy > threshold, noisy, 0.0)
+    d = noisy.shape[0]
+    _, mids, mass = _kept(noisy, window, threshold)
     out = np.array(scale, dtype=float)
     for j in range(d):
         tot = float(mass[j].sum())
