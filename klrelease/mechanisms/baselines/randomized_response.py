@@ -102,6 +102,14 @@ def standardised_frame(data, name: str = "randomized-response", covariance: bool
     C = None
     if isinstance(data, Source):
         m0, _ = data.pooled_and_sample(size=1, check_labels=True)
+    elif covariance:  # the streamed path's one pass over the rows, in memory
+        from ...stream.moments import pooled_moments
+
+        with np.errstate(all="ignore"):
+            m0, lo, hi = pooled_moments(data.X, extremes=True)
+            check_scales(np.maximum(hi, -lo) if data.n_samples else np.zeros(data.n_features),
+                         f"{name}: the features' magnitudes")
+    if isinstance(data, Source) or covariance:
         N = int(round(m0.counts[0]))
         C = m0.scatters[0] / max(N - 1, 1)
         mean, sd = m0.means[0], np.sqrt(np.maximum(np.diag(C), 0.0))
@@ -113,9 +121,6 @@ def standardised_frame(data, name: str = "randomized-response", covariance: bool
                          f"{name}: the features' magnitudes")
             mean = X.mean(axis=0)
             sd = X.std(axis=0, ddof=1) if N > 1 else np.zeros(X.shape[1])
-            if covariance:
-                C = (np.atleast_2d(np.cov(X, rowvar=False)) if N > 1
-                     else np.zeros((X.shape[1], X.shape[1])))
     check_scales(sd, f"{name}: the features' standard deviations")
     frame = Standardised(mean, sd)
     if not covariance:
