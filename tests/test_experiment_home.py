@@ -190,3 +190,23 @@ def test_the_heldout_loose_study_counts_ratios_and_accuracy_below_majority(tmp_p
     assert "worse than the majority class on 1 of 3 sets (edge)" in text
     _heldout_loose_plot(table, tmp_path / "loose.png")
     assert (tmp_path / "loose.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_heldout_loose_study_names_the_sets_whose_accuracy_falls_with_epsilon():
+    """A fall between consecutive eps beyond two standard errors of the difference is named,
+    with its steps; one that only comes down to the fit's own accuracy is told apart; a fall
+    within the noise is not counted."""
+    from klrelease.experiments.certified import _heldout_loose_markdown
+
+    def rows(name, accs, fit):
+        return [{"dataset": name, "rows": 500, "box": box, "epsilon": e, "kl": 1.0,
+                 "accuracy": a, "accuracy_se": 0.01, "majority": 0.5, "located": True,
+                 "fit_accuracy": fit}
+                for box in (1.5, 100.0) for e, a in zip((1.0, 2.0, 5.0), accs, strict=True)]
+
+    table = (rows("dips", (0.9, 0.7, 0.9), 0.95) + rows("settles", (0.95, 0.9, 0.9), 0.9)
+             + rows("flat", (0.9, 0.88, 0.9), 0.9))
+    text = _heldout_loose_markdown(table, 8, "cmd")
+    assert ("with the x1.5 box on 2 of 3 sets: dips (1 -> 2); settles (1 -> 2). On 1 of them "
+            "only toward the fit's own accuracy, from above it (settles).") in text, text
+    assert "flat (" not in text

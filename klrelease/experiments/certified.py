@@ -861,8 +861,19 @@ def _heldout_loose_markdown(rows, draws, command) -> str:
     lines += ["", f"The non-private fit itself predicts worse than the majority class on "
               f"{len(fit_below)} of {len(sets)} sets"
               + (f" ({', '.join(sorted(fit_below))})" if fit_below else "") + ": a release "
-              "that reaches the fit is below the majority class there.", "",
-              "## Every set", "", f"E[KL] with the x{tight:g} / x{loose:g} box "
+              "that reaches the fit is below the majority class there.", ""]
+    for w in WIDTHS:
+        falls = _accuracy_falls(cell, sets, w, epsilons)
+        toward = [s for s, steps in falls.items() if all(below_fit for *_, below_fit in steps)]
+        lines += [
+            f"Accuracy falls as eps grows (between consecutive eps, by more than two standard "
+            f"errors of the difference) with the x{w:g} box on {len(falls)} of {len(sets)} "
+            "sets" + (": " + "; ".join(
+                f"{s} ({', '.join(f'{a:g} -> {b:g}' for a, b, _ in steps)})"
+                for s, steps in falls.items()) if falls else "") + "."
+            + (f" On {len(toward)} of them only toward the fit's own accuracy, from above it "
+               f"({', '.join(toward)})." if toward else ""), ""]
+    lines += ["## Every set", "", f"E[KL] with the x{tight:g} / x{loose:g} box "
               "(L: located with the x100 box).", "",
               "| dataset | " + " | ".join(f"eps {e:g}" for e in epsilons) + " |",
               "|---|" + "---|" * len(epsilons)]
@@ -871,6 +882,25 @@ def _heldout_loose_markdown(rows, draws, command) -> str:
             f"{_fmt(cell[(s, tight, e)]['kl'])} / {_fmt(cell[(s, loose, e)]['kl'])}"
             + (" L" if cell[(s, loose, e)]["located"] else "") for e in epsilons) + " |")
     return "\n".join(lines + [""])
+
+
+def _accuracy_falls(cell, sets, width, epsilons) -> dict:
+    """Per set, the steps between consecutive eps where the released model's accuracy falls
+    by more than two standard errors of the difference, with the box ``width``: ``{set: [(a,
+    b, toward), ...]}``, ``toward`` when the accuracy at ``b`` is still at least the fit's
+    less two standard errors (a release above the fit's accuracy coming down to it)."""
+    out = {}
+    for s in sets:
+        steps = []
+        for a, b in zip(epsilons, epsilons[1:], strict=False):
+            ca, cb = cell[(s, width, a)], cell[(s, width, b)]
+            if cb["accuracy"] < ca["accuracy"] - 2 * np.hypot(ca["accuracy_se"],
+                                                               cb["accuracy_se"]):
+                steps.append((a, b, cb["accuracy"] + 2 * cb["accuracy_se"]
+                              >= cb["fit_accuracy"]))
+        if steps:
+            out[s] = steps
+    return out
 
 
 def _sweep_markdown(rows, draws, command) -> str:
