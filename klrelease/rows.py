@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["affine_rows", "clip_to_norm", "clip_to_bounds", "column_sums", "column_extremes",
-           "class_blocks", "ROW_BLOCK", "BLOCK_VALUES", "row_block"]
+__all__ = ["affine_rows", "affine_clip_rows", "clip_to_norm", "clip_to_bounds", "column_sums",
+           "column_extremes", "class_blocks", "ROW_BLOCK", "BLOCK_VALUES", "row_block"]
 
 
 def class_blocks(codes: np.ndarray, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -153,6 +153,32 @@ def clip_to_norm(X: np.ndarray, bound: float, inplace: bool = False) -> np.ndarr
         if rows is not None:
             out[rows] = scaled
     return out
+
+
+def affine_clip_rows(X: np.ndarray, centre: np.ndarray, W: np.ndarray, bound: float,
+                     out: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """``clip_to_norm(affine_rows(X, centre, W), bound)``, bit for bit, in one sweep of a
+    block of rows that stays in cache (at most :func:`row_block` rows): the difference is
+    written into ``work`` (an array of ``X``'s shape), the product into ``out`` (the result's
+    shape), and the squared norms are read from that product once, both for the clip and as
+    the check that every entry is finite (a squared norm in the safe range bounds every entry
+    of its row), so no other sweep and no allocation of the block's size is made. ``X`` is
+    not written. Only rows near or outside the sphere are scaled, as :func:`clip_to_norm`
+    scales them; a block with a squared norm out of the safe range (an entry beyond the float
+    range, a row at the centre, a product that over- or underflows) is computed again by
+    :func:`affine_rows` and :func:`clip_to_norm`, whose special paths it needs. No
+    floating-point warning is raised."""
+    with np.errstate(all="ignore"):
+        np.subtract(X, centre, out=work)
+        np.matmul(work, W, out=out)
+        sq = np.einsum("ij,ij->i", out, out)
+        if sq.size and sq.min() >= _SAFE_SQ[0] and sq.max() <= _SAFE_SQ[1]:
+            near = np.flatnonzero(sq > (bound * bound) * (1.0 - 1e-9))
+            f = np.minimum(1.0, bound / np.sqrt(sq[near]))
+            if f.min(initial=1.0) >= _SAFE_SQ[0]:
+                out[near] *= f[:, None]
+                return out
+    return clip_to_norm(affine_rows(X, centre, W, out=out), bound, inplace=True)
 
 
 def _clip_rows_scaled(Y: np.ndarray, bound: float) -> np.ndarray:

@@ -70,6 +70,37 @@ def test_affine_rows_never_makes_nan_and_keeps_exact_values():
                                   (small - centre / 1e300) @ W)
 
 
+
+@pytest.mark.parametrize("scale", [1.0, 1e-200, 1e200, 1e300])
+def test_fused_affine_clip_and_stage_c_map_equal_the_maps_they_fuse(scale):
+    """``affine_clip_rows`` is ``clip_to_norm(affine_rows(...))`` bit for bit, on ordinary
+    rows and on blocks that need the special paths (rows beyond the float range, rows at the
+    centre); stage C's ``into`` (box clip in place or skipped, then the fused sweep) gives the
+    values of the map itself, box inside or outside the rows, without a warning."""
+    from klrelease.mechanisms.kl_certified.mechanism import _FusedRegionClip
+    from klrelease.rows import affine_clip_rows
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(300, 3)) * scale
+    X[5] = 0.0
+    X[7] = [BIG, -BIG, 1.0]
+    centre, W = np.array([0.1, -0.2, 0.0]) * scale, rng.normal(size=(3, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for rows in (X[:4], X[8:], X):  # a block in the safe range, and blocks that are not
+            want = clip_to_norm(affine_rows(rows, centre, W), 2.0 * scale)
+            got = affine_clip_rows(rows, centre, W, 2.0 * scale, np.empty((len(rows), 3)),
+                                   np.empty_like(rows))
+            np.testing.assert_array_equal(got, want)
+        for half in (1e300, 3.0 * scale):  # every row inside the box, and rows clipped
+            fn = _FusedRegionClip(centre[None, :], W[None], np.array([2.0 * scale]),
+                                  np.full(3, -half), np.full(3, half))
+            for rows in (X[8:], X):
+                block = rows.copy()
+                got = fn.into(block, 0, np.empty((len(rows), 3)), np.empty_like(rows))
+                np.testing.assert_array_equal(got, fn(rows, 0))
+
+
 def _data():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(90, 2))

@@ -149,22 +149,44 @@ def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
 
     ``fn`` is a per-row map, applied to sub-blocks of ``block`` rows (default
     :func:`~klrelease.rows.row_block`) so that its output is reduced (one matrix-vector and one
-    matrix product) while it is in cache. Without ``second`` the second moments are ``None``."""
+    matrix product) while it is in cache. Without ``second`` the second moments are ``None``.
+
+    A map with a method ``into(rows, k, out, work)`` (stage C's map of every row) is given,
+    with ``index``, each gathered block in a buffer of its own, which it may overwrite, and
+    writes its rows into ``out`` (``work``: a scratch array of the block's shape): the
+    buffers of one block's size are allocated once per call and reused by every block, the
+    same values as ``fn(rows, k)``."""
     sorted_rows = np.asarray(sorted_rows, dtype=np.float64)
     K = len(bounds) - 1
     block = row_block(sorted_rows.shape[1]) if block is None else int(block)
+    into = getattr(fn, "into", None) if index is not None else None
+    if into is not None:  # the block, its scratch copy, the map's rows, a row of ones
+        m = max(min(block, index.shape[0]), 1)
+        gathered, work = np.empty((m, sorted_rows.shape[1])), np.empty((m, sorted_rows.shape[1]))
+        mapped, ones = None, np.ones(m)
     sums = second_m = None
     for k in range(K):
         for a in range(int(bounds[k]), int(bounds[k + 1]), block):
             b = min(a + block, int(bounds[k + 1]))
-            rows = (sorted_rows[a:b] if index is None
-                    else np.take(sorted_rows, index[a:b], axis=0))
-            U = np.asarray(fn(rows, k), dtype=np.float64)
+            if into is not None:
+                # mode="clip": the indices are in range, and numpy's default ("raise")
+                # gathers into a temporary first, then copies it into out
+                rows = np.take(sorted_rows, index[a:b], axis=0, out=gathered[:b - a],
+                               mode="clip")
+                if mapped is None:
+                    mapped = np.empty((m, fn(rows[:0], k).shape[1]))
+                U = into(rows, k, mapped[:b - a], work[:b - a])
+                s = ones[:b - a] @ U  # column_sums(U), the same product
+            else:
+                rows = (sorted_rows[a:b] if index is None
+                        else np.take(sorted_rows, index[a:b], axis=0))
+                U = np.asarray(fn(rows, k), dtype=np.float64)
+                s = column_sums(U)
             del rows
             if sums is None:
                 sums = np.zeros((K, U.shape[1]))
                 second_m = np.zeros((K, U.shape[1], U.shape[1])) if second else None
-            sums[k] += column_sums(U)
+            sums[k] += s
             if second:
                 second_m[k] += U.T @ U
     if sums is None:  # no rows: the map's output width from an empty block

@@ -41,6 +41,7 @@ from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...privacy.response import debiased_moments
 from ...rows import (
+    affine_clip_rows,
     affine_rows,
     class_blocks,
     clip_to_bounds,
@@ -495,6 +496,20 @@ class _FusedRegionClip:
             X = clip_to_bounds(X, self.lower, self.upper)  # a new array: X is the data
         return clip_to_norm(affine_rows(X, self.offsets[k], self.V[k]), self.radii[k],
                             inplace=True)  # the product is this map's own array
+
+    def into(self, X: np.ndarray, k: int, out: np.ndarray, work: np.ndarray) -> np.ndarray:
+        """The map of a block of rows that it may overwrite (a gathered copy, at most
+        :func:`~klrelease.rows.row_block` rows) into ``out``, ``work`` a scratch array of
+        ``X``'s shape (:func:`~klrelease.stream.moments.sorted_bounded_moments`): the same
+        values as ``self(X, k)``, bit for bit. The box clip is done in place, and skipped
+        when the block's smallest and largest entries lie strictly inside every feature's
+        interval (clipping would then change nothing; a NaN fails the test); then the
+        product, the norms and the clip in one sweep (:func:`~klrelease.rows.
+        affine_clip_rows`)."""
+        if self.lower is not None and not (X.min() > self.lower.max()
+                                           and X.max() < self.upper.min()):
+            clip_to_bounds(X, self.lower, self.upper, out=X)
+        return affine_clip_rows(X, self.offsets[k], self.V[k], self.radii[k], out, work)
 
 
 @dataclass(frozen=True)
