@@ -283,25 +283,42 @@ class Source:
         classes = self.resolve_classes()
         X_parts, c_parts, idx_parts, read = [], [], [], 0
         try:
-            for g, (X, y) in zip(need, self.read_groups(need), strict=True):
-                if len(X) != sizes[g]:
+            for g in need:
+                lo, hi = int(starts[g]), int(starts[g + 1])
+                # the rows of the group that the blocks hold, converted alone
+                first = min(max(a, lo) for a, b in blocks if a < hi and b > lo)
+                last = max(min(b, hi) for a, b in blocks if a < hi and b > lo)
+                n_group, X, y = self._read_span(g, first - lo, last - lo)
+                if n_group != sizes[g]:
                     raise SourceReadError(CHANGED)
-                read += len(X)
-                lo = int(starts[g])
+                read += n_group
                 for a, b in blocks:  # the block's rows only, validated and copied
-                    a2, b2 = max(a, lo), min(b, lo + len(X))
+                    a2, b2 = max(a, first), min(b, last)
                     if a2 < b2:
-                        Xb, codes = _chunk(X[a2 - lo:b2 - lo], y[a2 - lo:b2 - lo],
+                        Xb, codes = _chunk(X[a2 - first:b2 - first], y[a2 - first:b2 - first],
                                            self.n_features, classes)
-                        X_parts.append(np.array(Xb, dtype=np.float64, copy=True))
+                        X_parts.append(Xb)
                         c_parts.append(codes)
                         idx_parts.append(np.arange(a2, b2))
                 del X, y
         except (OSError, EOFError, ValueError) as exc:  # reading, not computing
             raise _read_error(exc) from exc
-        idx = np.concatenate(idx_parts)
-        order = np.argsort(priorities_of(idx), kind="stable")
-        return N, (np.concatenate(X_parts)[order], np.concatenate(c_parts)[order]), read
+        # the priorities of distinct rows are distinct (odd multipliers and xor-shifts: a
+        # bijection of the index), so any sort gives the stable sort's order; the gathers
+        # copy the rows out of the groups' arrays
+        order = np.argsort(priorities_of(np.concatenate(idx_parts)))
+        X = X_parts[0] if len(X_parts) == 1 else np.concatenate(X_parts)
+        codes = c_parts[0] if len(c_parts) == 1 else np.concatenate(c_parts)
+        return N, (np.take(X, order, axis=0), np.take(codes, order)), read
+
+    def _read_span(self, g: int, start: int, stop: int
+                   ) -> tuple[int, np.ndarray, np.ndarray | None]:
+        """Rows ``start:stop`` of row group ``g`` (raw, as :meth:`read_group` gives them) and
+        the number of rows the group holds (checked against its metadata): the whole group
+        read by :meth:`read_group`, then sliced (a source that converts rows can convert
+        those alone)."""
+        X, y = self.read_group(g)
+        return len(X), X[start:stop], None if y is None else y[start:stop]
 
     # ------------------------------------------------------------- features only (no labels)
     def scan_rows(self, fn: Callable, merge: Callable, initial, *, indexed: bool = False,
@@ -749,14 +766,24 @@ class ParquetSource(Source):
         return next(self.read_groups([g]))
 
     def read_groups(self, groups):
-        import pyarrow.parquet as pq
-
         where = self._groups()
         for g in groups:
-            p, i, _ = where[g]
-            with pq.ParquetFile(p) as fh:
-                table = fh.read_row_group(i, columns=self._columns)
-            yield _batch_xy(table, self.feature_names, self.label_column)
+            yield _batch_xy(self._group_table(where[g]), self.feature_names, self.label_column)
+
+    def _group_table(self, where):
+        import pyarrow.parquet as pq
+
+        p, i, _ = where
+        with pq.ParquetFile(p) as fh:
+            return fh.read_row_group(i, columns=self._columns)
+
+    def _read_span(self, g: int, start: int, stop: int):
+        """The group read whole (its columns' pages), its rows ``start:stop`` alone
+        converted to arrays (a slice of the table: no copy)."""
+        table = self._group_table(self._groups()[g])
+        X, y = _batch_xy(table.slice(start, max(stop - start, 0)), self.feature_names,
+                         self.label_column)
+        return table.num_rows, X, y
 
 
 def _batch_xy(batch, features, label_column):
