@@ -183,14 +183,34 @@ def sample_blocks(n: int, size: int) -> list[tuple[int, int]]:
     return out
 
 
+#: Rows whose priorities are computed at a time by :func:`sample_indices` (in cache).
+_PRIORITY_BLOCK = 1 << 16
+
+
 def sample_indices(n: int, size: int | None = None) -> np.ndarray:
-    """The indices of the sampled rows of ``n`` rows, in priority order."""
+    """The indices of the sampled rows of ``n`` rows, in priority order.
+
+    Priorities look uniform on ``[0, 2^64)``, so the ``size`` lowest lie below a cut under
+    which about ``1.25 size`` rows fall (the count's standard deviation is about
+    ``sqrt(size)``): the priorities are computed a cache-sized block at a time and only the
+    rows below the cut are kept, then the ``size`` lowest of those are selected. Whenever
+    fewer than ``size`` rows fall below the cut, every row is ranked instead; either way the
+    result is the ``size`` lowest priorities (distinct), in their order."""
     size = SAMPLE_ROWS if size is None else int(size)
-    p = row_priorities(0, n)
     if n <= size:
-        return np.argsort(p)
+        return np.argsort(row_priorities(0, n))
+    cut = np.uint64(min(2.0**64 - 2.0**11, 1.25 * size / n * 2.0**64 + 2.0**32))
+    index, kept = [], []
+    for a in range(0, n, _PRIORITY_BLOCK):
+        p = row_priorities(a, min(_PRIORITY_BLOCK, n - a))
+        below = np.flatnonzero(p < cut)
+        index.append(below + a)
+        kept.append(p[below])
+    index, p = np.concatenate(index), np.concatenate(kept)
+    if index.size < size:
+        index, p = np.arange(n), row_priorities(0, n)
     keep = np.argpartition(p, size - 1)[:size]
-    return keep[np.argsort(p[keep])]
+    return index[keep[np.argsort(p[keep])]]
 
 
 def sample_rows(X: np.ndarray, size: int | None = None) -> np.ndarray:
