@@ -55,18 +55,36 @@ def spd_inverse(C: np.ndarray) -> np.ndarray:
     diag = np.diagonal(S)
     if S.shape[-1] and np.all(np.isfinite(S)) and np.all(diag > 0):
         r = 1.0 / np.sqrt(diag)
-        c, info = lapack.dpotrf(S * r[:, None] * r[None, :], lower=False, clean=False)
+        # scaled into a Fortran-ordered array that LAPACK factors and inverts in place
+        M = np.multiply(S, r[:, None], order="F")
+        M *= r[None, :]
+        c, info = lapack.dpotrf(M, lower=False, clean=False, overwrite_a=True)
+        del M
         if info == 0 and np.abs(np.diag(c)).min() >= CHOLESKY_RATIO:
-            inv, info = lapack.dpotri(c, lower=False)
+            inv, info = lapack.dpotri(c, lower=False, overwrite_c=True)
             if info == 0 and np.all(np.isfinite(inv)):
-                upper = np.triu(inv) * np.outer(r, r)  # r_i r_j: one product, symmetric
-                upper += np.triu(upper, 1).T
+                upper = np.outer(r, r)  # r_i r_j: one product, symmetric
+                upper *= inv  # (the lower triangle is overwritten by the upper one below)
+                _mirror_upper(upper)
                 if np.all(np.isfinite(upper)):
                     return upper
     P = np.linalg.pinv(S, hermitian=True)
     P += P.T
     P *= 0.5
     return P
+
+
+def _mirror_upper(A: np.ndarray, block: int = 128) -> np.ndarray:
+    """Copy the upper triangle of the square ``A`` onto its lower one, in place (``A`` is then
+    exactly symmetric): by blocks of ``block`` columns, without a d x d temporary."""
+    d = A.shape[0]
+    for i in range(0, d, block):
+        j = min(i + block, d)
+        A[j:, i:j] = A[i:j, j:].T
+        D = A[i:j, i:j]
+        low = np.tril_indices(j - i, -1)
+        D[low] = D.T[low]
+    return A
 
 
 def combine_one(m1: np.ndarray, m2: np.ndarray, C1=None, C2=None, A1=None, A2=None,

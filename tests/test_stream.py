@@ -722,7 +722,7 @@ def test_a_defect_after_noise_is_not_hidden_by_the_stage_a_fallback(monkeypatch,
 
     X, y = _data(n=2000)
 
-    def broken(self, fn, d):
+    def broken(self, fn, d, second=True):
         raise defect("a defect")
 
     monkeypatch.setattr(m._StreamRows, "stats", broken)

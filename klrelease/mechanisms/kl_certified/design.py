@@ -663,9 +663,13 @@ class _LoweredShapes:
         self.beta = beta
         self.lowered = self.lowered_by(1.0)
 
-    def lowered_by(self, b: float) -> np.ndarray:
+    def values(self, b: float) -> np.ndarray:
+        """The eigenvalues of :meth:`lowered_by` ``b`` (its eigenvectors: ``V``)."""
         low = max(self.floor, (1.0 - b) * self.cover_low)
-        return eig_map(self.w, self.V, lambda w: np.maximum(w - b * self.margin, low))
+        return np.maximum(self.w - b * self.margin, low)
+
+    def lowered_by(self, b: float) -> np.ndarray:
+        return eig_map(self.w, self.V, lambda w: self.values(b))
 
     def __getitem__(self, k: int) -> np.ndarray:
         b = float(self.beta[k])
@@ -720,8 +724,14 @@ class Regions:
     radius: np.ndarray  # (K,) clipping radius in the region's coordinates
 
     def shape_of(self, k: int) -> np.ndarray:
-        """Class ``k``'s shape ``W_inv_k^2``."""
-        return self.W_inv[k] @ self.W_inv[k] if self.shape is None else self.shape[k]
+        """Class ``k``'s shape ``W_inv_k^2``, as the Gram ``W_inv_k W_inv_k^T`` of the
+        symmetric root (a symmetric rank-k update: half a product's cost, exactly symmetric).
+        """
+        return self.W_inv[k] @ self.W_inv[k].T if self.shape is None else self.shape[k]
+
+    def precision_of(self, k: int) -> np.ndarray:
+        """Class ``k``'s ``W_k^2``, the inverse of its shape, as the Gram ``W_k W_k^T``."""
+        return self.W[k] @ self.W[k].T
 
 
 def public_sample(pub: PublicInputs, rows: np.ndarray | None = None) -> np.ndarray | None:
@@ -800,12 +810,11 @@ def responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     if _public_count(pub) == 0:
         return None
     T = pub.public_rows
-    P = 0.5 * (pooled + pooled.T)
-    Pinv = np.linalg.inv(P)
-    del P
+    # P^-1 m_k for every class: one factorisation and K solves (a third of an inverse's cost)
+    B = np.linalg.solve(0.5 * (pooled + pooled.T), means.T)
     lw = np.log(np.maximum(n / n.sum(), 1e-300))
-    c = 0.5 * np.einsum("ki,ij,kj->k", means, Pinv, means)
-    logit = T @ (Pinv @ means.T)  # every stored row: row by row the same products
+    c = 0.5 * np.einsum("ki,ik->k", means, B)
+    logit = T @ B  # every stored row: row by row the same products
     if getattr(pub, "public_index", None) is not None:
         logit = logit[pub.public_index]
     logit = logit - c[None, :] + lw[None, :]
@@ -844,7 +853,9 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
             L[:, k] = lw[k] - np.log(dg).sum()
             with np.errstate(all="ignore"):  # an overflow is caught as a non-finite L below
                 for a in range(0, T.shape[0], step):
-                    z = (T[a:a + step].astype(dt, copy=False) - m) @ inv_t
+                    z = T[a:a + step].astype(dt)  # (a copy: centred in place)
+                    z -= m
+                    z = z @ inv_t
                     L[a:a + step, k] -= 0.5 * np.einsum("ij,ij->i", z, z)
                     del z
     except np.linalg.LinAlgError:
@@ -1287,7 +1298,7 @@ def pooled_energy(reg: Regions, w: np.ndarray, sd: np.ndarray, k: int) -> float:
     per pair of classes) is taken as ``(tr A_j)^2 / d``, its least value: the energy is then
     at least half the exact one."""
     d = reg.W.shape[-1]
-    W2 = reg.W[k] @ reg.W[k]
+    W2 = reg.precision_of(k)
     nu = 0.0
     for j in np.flatnonzero(w > 0):
         tr = float(np.vdot(reg.shape[j], W2))
@@ -1337,7 +1348,7 @@ def class_covariances(pub: PublicInputs, reg: Regions, noise: ClassNoise, n: np.
         if reg.shape is None:  # every pair of classes reads the shapes: computed once each
             shapes = np.empty((K, d, d))
             for j in range(K):
-                np.matmul(reg.W_inv[j], reg.W_inv[j], out=shapes[j])
+                shapes[j] = reg.shape_of(j)
             reg = replace(reg, shape=shapes)
     out = np.empty((K, d, d)) if out is None else out
     for k in range(K):
@@ -1413,7 +1424,7 @@ def _region_precision_scales(reg: Regions, noise: ClassNoise, n: np.ndarray, d: 
 
 
 def _region_precision(reg: Regions, scales: np.ndarray, k: int) -> np.ndarray:
-    A = reg.W[k] @ reg.W[k]
+    A = reg.precision_of(k)
     A *= scales[k]
     return A
 
@@ -1448,6 +1459,34 @@ def _centre_precisions(pub: PublicInputs, n: np.ndarray, m: np.ndarray,
     for the closed form to be the same."""
     mm = np.einsum("ki,ki->k", m, m)
     return np.stack([_centre_precision(pub, n, m, C, mm, k) for k in range(len(n))])
+
+
+def _sampled_centre_precision(pub: PublicInputs, n: np.ndarray, m: np.ndarray,
+                              mm: np.ndarray, extra: np.ndarray, eig, k: int
+                              ) -> np.ndarray | None:
+    """The inverse of class ``k``'s stage-A centre noise when stage A read the sample:
+    ``extra_k P + C_k`` with ``C_k = (a I + b m_k m_k^T) / n_k^2`` (:func:`centres`) and
+    ``P = V diag(lam) V^T`` the pooled covariance (``eig = (lam, V)``), by Sherman-Morrison
+    on ``G = V diag(1 / (extra_k lam + a / n_k^2)) V^T``: ``G - G u u^T G / (1 + u^T G u)``
+    with ``u = m_k sqrt(b) / n_k`` (one Gram, no factorisation; exactly symmetric).
+    ``None`` (the caller inverts the matrix) where ``u^T G u`` exceeds 1e12, beyond the closed
+    form's accuracy (as in :func:`_centre_precision`)."""
+    a, b = pub.sums_sd**2, pub.count_sd**2
+    lam, V = eig
+    with np.errstate(all="ignore"):
+        g = 1.0 / (extra[k] * lam + a / n[k] ** 2)
+    if not np.all(np.isfinite(g) & (g > 0)):
+        return None
+    G = eig_map(g, V, lambda v: v)
+    u = m[k] * (np.sqrt(b) / n[k])
+    Gu = G @ u
+    q = float(u @ Gu)
+    if not (np.isfinite(q) and q <= 1e12):
+        return None
+    A = np.multiply.outer(Gu, Gu)
+    A /= -(1.0 + q)
+    A += G
+    return A
 
 
 def _sampling_cov(c: float, n: np.ndarray, cov: np.ndarray) -> np.ndarray:
@@ -1489,15 +1528,20 @@ def stage_c_design(pub: PublicInputs, output: dict) -> dict:
     # is not lowered (a lowered one clips most rows where the noise hides the smaller
     # eigenvalues, and biases the second round's shapes). A single round lowers it per class
     # (:func:`lowering`)
+    # P's eigendecomposition where one round keeps it (the sampled centres' precisions in
+    # closed form, :func:`_sampled_centre_precision`)
+    eig = None
     if isinstance(covering, _LoweredShapes):
         reg = regions(pub, m1, C1, P, noise.radius, shapes=covering)
+        eig = (covering.values(1.0), covering.V)
     else:
         reg = regions(pub, m1, C1, covering, noise.radius)
     del covering
     resp = responsibilities(pub, n, m1, P)
     design = {"n": n, "m1": m1, "C1": C1, "pooled": P, "regions": reg, "noise": noise,
               "shares": shares, "resp": resp, "scale": c,
-              "noise_of": (n / c, shares[0], pub.settings["prior_divergence"] * pub.n_features)}
+              "noise_of": (n / c, shares[0], pub.settings["prior_divergence"] * pub.n_features),
+              "pooled_eig": eig}
     return capped(pub, output, design) if "tails" in output and len(shares) == 1 else design
 
 
@@ -1533,7 +1577,8 @@ def _first_round(pub: PublicInputs, output: dict, first: dict):
     c = pub.sample_scale
     # stage A read the sample: its centres carry the sample's own error too (and so did this
     # round, when it read the sample): those precisions are inverted (linalg.spd_inverse),
-    # the others in closed form
+    # the others in closed form (the sampled stage-A centres' too, from the pooled
+    # covariance's eigendecomposition where the design keeps it)
     sampled_a, sampled_c = c > 1, c > 1 and first["scale"] > 1
     mm = np.einsum("ki,ki->k", m1, m1)
     f2 = _region_precision_scales(reg, noise, n, d, corr)
@@ -1542,9 +1587,12 @@ def _first_round(pub: PublicInputs, output: dict, first: dict):
     means, Cm = np.empty((K, d)), np.empty((K, d, d))
     for k in range(K):
         if sampled_a:
-            C1k = extra[k] * first["pooled"]
-            C1k += C1[k]
-            A1k = None
+            eig = first.get("pooled_eig")
+            C1k, A1k = None, (None if eig is None else
+                              _sampled_centre_precision(pub, n, m1, mm, extra, eig, k))
+            if A1k is None:
+                C1k = extra[k] * first["pooled"]
+                C1k += C1[k]
         else:
             C1k, A1k = C1[k], _centre_precision(pub, n, m1, C1, mm, k)
         if sampled_c:

@@ -580,7 +580,8 @@ class _RegionClip:
     radii: np.ndarray
 
     def __call__(self, T: np.ndarray, k: int) -> np.ndarray:
-        return clip_to_norm((T - self.centres[k]) @ self.W[k], self.radii[k])
+        return clip_to_norm((T - self.centres[k]) @ self.W[k], self.radii[k],
+                            inplace=True)  # the product is this map's own array
 
 
 
@@ -930,17 +931,21 @@ class KLCertifiedPlan(Plan):
     def _stage_c(self, pub: PublicInputs, design: dict) -> tuple[np.ndarray, ...]:
         """A stage-C round's statistics: every row, or (the first of two rounds on a subset,
         ``design["scale"]`` > 1) the subset's, scaled. A one-pass release's round over every
-        row returns the class counts too."""
+        row returns the class counts too. Rows in memory give second moments only where the
+        design releases some class's (zero where it releases none: no Gram of every row for
+        values nothing reads)."""
         reg = design["regions"]
         fn = _RegionClip(np.asarray(reg.centres), np.asarray(reg.W), np.asarray(reg.radius))
         c = design.get("scale", 1.0)
         if c == 1.0 and pub.counts_sampled:  # a one-pass release's pass: every row's counts
             return self.rows.stats_and_counts(self._map(pub, fn), pub.n_features,
                                               pub.n_samples)
-        if c == 1.0:
-            return self.rows.stats(self._map(pub, fn), pub.n_features)
-        S1, S2 = self._early.stats(self._map(pub, fn), pub.n_features)
-        return c * S1, c * S2
+        second = bool(np.isfinite(design["noise"].cov_sd).any())
+        rows = self.rows if c == 1.0 else self._early
+        S1, S2 = rows.stats(self._map(pub, fn), pub.n_features, second)
+        if S2 is None:
+            S2 = np.zeros((pub.n_classes, pub.n_features, pub.n_features))
+        return (S1, S2) if c == 1.0 else (c * S1, c * S2)
 
     def _read(self, stage, *args):
         """A pass over the rows after noise was drawn. A chunked source that fails to read
@@ -1403,8 +1408,19 @@ class KLCertified(Mechanism):
             else:
                 # only the last stage-C round reads every row: gathered from the raw rows as it
                 # reads them; the samples' rows alone are mapped, in their priority order
-                rows = _GatheredRows(data.X, data.codes, K, frame, clip)
                 T = _frame_rows(data.X, frame, clip, index=lead)
+                if lead.shape[0] == N:
+                    # the public row sample is every row (label flip, at most SAMPLE_ROWS):
+                    # that round reads them in the frame, grouped by class in their own order
+                    # through their positions in T (no second map of the raw rows, whose
+                    # region clip fused with the frame costs a d x d product per class)
+                    order, bounds = class_blocks(data.codes, K)
+                    at = np.empty(N, dtype=np.intp)
+                    at[lead] = np.arange(N)
+                    rows = _MemoryRows(T, bounds, at[order])
+                    del order, at
+                else:
+                    rows = _GatheredRows(data.X, data.codes, K, frame, clip)
             counts = np.diff(rows.bounds).astype(float)
             stage_a = None
             if lf:
