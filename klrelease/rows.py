@@ -135,21 +135,9 @@ def clip_to_norm(X: np.ndarray, bound: float, inplace: bool = False) -> np.ndarr
     X = np.asarray(X, dtype=np.float64)
     with np.errstate(all="ignore"):
         sq = np.einsum("ij,ij->i", X, X)
-        if sq.size and sq.min() >= _SAFE_SQ[0] and sq.max() <= _SAFE_SQ[1]:
-            # every norm in the safe range (a NaN fails the test): only rows near or outside
-            # the sphere are scaled (a superset of those whose factor is below 1), by the
-            # factors below; every other row's factor is exactly 1
-            near = np.flatnonzero(sq > (bound * bound) * (1.0 - 1e-9))
-            f = np.minimum(1.0, bound / np.sqrt(sq[near]))
-            if f.min(initial=1.0) >= _SAFE_SQ[0]:
-                if 4 * near.size < sq.size:  # few rows to scale: those alone
-                    out = X if inplace else X.copy()
-                    out[near] *= f[:, None]
-                    return out
-                # many: every row by its factor in one pass (x * 1 is x: the same values)
-                factor = np.ones(sq.size)
-                factor[near] = f
-                return np.multiply(X, factor[:, None], out=X if inplace else None)
+        fast = _near_factors(sq, bound)
+        if fast is not None:
+            return _scale_rows(X, *fast, X if inplace else np.empty_like(X))
         factor = np.minimum(1.0, bound / np.maximum(np.sqrt(sq), np.finfo(float).tiny))
         bad = ~((sq >= _SAFE_SQ[0]) & (sq <= _SAFE_SQ[1]) & (factor >= _SAFE_SQ[0]))
         rows = np.flatnonzero(bad) if bad.any() else None
@@ -160,6 +148,35 @@ def clip_to_norm(X: np.ndarray, bound: float, inplace: bool = False) -> np.ndarr
     return out
 
 
+def _near_factors(sq: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """The rows near or outside the sphere of radius ``bound`` (a superset of those whose
+    factor ``min(1, bound / ||x||)`` is below 1) and their factors, from the rows' squared
+    norms ``sq``, when every norm and factor is in the safe range (a NaN fails the test);
+    ``None`` otherwise (the scaled path of :func:`clip_to_norm`). Every other row's factor is
+    exactly 1. Called inside ``np.errstate(all="ignore")``."""
+    if sq.size and sq.min() >= _SAFE_SQ[0] and sq.max() <= _SAFE_SQ[1]:
+        near = np.flatnonzero(sq > (bound * bound) * (1.0 - 1e-9))
+        f = np.minimum(1.0, bound / np.sqrt(sq[near]))
+        if f.min(initial=1.0) >= _SAFE_SQ[0]:
+            return near, f
+    return None
+
+
+def _scale_rows(X: np.ndarray, near: np.ndarray, f: np.ndarray, out: np.ndarray
+                ) -> np.ndarray:
+    """``X`` with rows ``near`` scaled by ``f``, written into ``out`` (which may be ``X``):
+    few rows scaled alone, or, when more than a quarter are, every row by its factor in one
+    pass (``x * 1`` is ``x``: the same values)."""
+    if 4 * near.size < X.shape[0]:
+        if out is not X:
+            out[...] = X
+        out[near] *= f[:, None]
+        return out
+    factor = np.ones(X.shape[0])
+    factor[near] = f
+    return np.multiply(X, factor[:, None], out=out)
+
+
 def affine_clip_rows(X: np.ndarray, centre: np.ndarray, W: np.ndarray, bound: float,
                      out: np.ndarray, work: np.ndarray) -> np.ndarray:
     """``clip_to_norm(affine_rows(X, centre, W), bound)``, bit for bit, in one sweep of a
@@ -168,21 +185,18 @@ def affine_clip_rows(X: np.ndarray, centre: np.ndarray, W: np.ndarray, bound: fl
     shape), and the squared norms are read from that product once, both for the clip and as
     the check that every entry is finite (a squared norm in the safe range bounds every entry
     of its row), so no other sweep and no allocation of the block's size is made. ``X`` is
-    not written. Only rows near or outside the sphere are scaled, as :func:`clip_to_norm`
-    scales them; a block with a squared norm out of the safe range (an entry beyond the float
-    range, a row at the centre, a product that over- or underflows) is computed again by
-    :func:`affine_rows` and :func:`clip_to_norm`, whose special paths it needs. No
-    floating-point warning is raised."""
+    not written, and neither ``out`` nor ``work`` may be ``X`` or share memory with it (the
+    fallback reads ``X`` again). Only rows near or outside the sphere are scaled, as
+    :func:`clip_to_norm` scales them (:func:`_near_factors`); a block with a squared norm out
+    of the safe range (an entry beyond the float range, a row at the centre, a product that
+    over- or underflows) is computed again by :func:`affine_rows` and :func:`clip_to_norm`,
+    whose special paths it needs. No floating-point warning is raised."""
     with np.errstate(all="ignore"):
         np.subtract(X, centre, out=work)
         np.matmul(work, W, out=out)
-        sq = np.einsum("ij,ij->i", out, out)
-        if sq.size and sq.min() >= _SAFE_SQ[0] and sq.max() <= _SAFE_SQ[1]:
-            near = np.flatnonzero(sq > (bound * bound) * (1.0 - 1e-9))
-            f = np.minimum(1.0, bound / np.sqrt(sq[near]))
-            if f.min(initial=1.0) >= _SAFE_SQ[0]:
-                out[near] *= f[:, None]
-                return out
+        fast = _near_factors(np.einsum("ij,ij->i", out, out), bound)
+        if fast is not None:
+            return _scale_rows(out, *fast, out)
     return clip_to_norm(affine_rows(X, centre, W, out=out), bound, inplace=True)
 
 

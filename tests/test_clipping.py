@@ -13,7 +13,7 @@ import pytest
 
 import klrelease as kr
 from klrelease.domain import Domain
-from klrelease.statistics import affine_rows, clip_to_norm
+from klrelease.rows import affine_clip_rows, affine_rows, clip_to_norm
 from klrelease.stream import ArraySource
 from klrelease.warnings_ import PrivacyLeakWarning
 
@@ -70,7 +70,6 @@ def test_affine_rows_never_makes_nan_and_keeps_exact_values():
                                   (small - centre / 1e300) @ W)
 
 
-
 @pytest.mark.parametrize("scale", [1.0, 1e-200, 1e200, 1e300])
 def test_fused_affine_clip_and_stage_c_map_equal_the_maps_they_fuse(scale):
     """``affine_clip_rows`` is ``clip_to_norm(affine_rows(...))`` bit for bit, on ordinary
@@ -78,7 +77,6 @@ def test_fused_affine_clip_and_stage_c_map_equal_the_maps_they_fuse(scale):
     centre); stage C's ``into`` (box clip in place or skipped, then the fused sweep) gives the
     values of the map itself, box inside or outside the rows, without a warning."""
     from klrelease.mechanisms.kl_certified.mechanism import _FusedRegionClip
-    from klrelease.rows import affine_clip_rows
 
     rng = np.random.default_rng(1)
     X = rng.normal(size=(300, 3)) * scale
@@ -99,6 +97,36 @@ def test_fused_affine_clip_and_stage_c_map_equal_the_maps_they_fuse(scale):
                 block = rows.copy()
                 got = fn.into(block, 0, np.empty((len(rows), 3)), np.empty_like(rows))
                 np.testing.assert_array_equal(got, fn(rows, 0))
+            empty = fn.into(X[:0].copy(), 0, np.empty((0, 3)), np.empty((0, 3)))
+            assert empty.shape == fn(X[:0], 0).shape == (0, 3)
+
+
+def test_the_fused_pass_gives_the_sums_of_the_plain_one_and_refuses_bad_indices():
+    """``sorted_bounded_moments`` with stage C's map (gathered blocks, the fused sweep, buffers
+    reused across blocks and classes) gives the same sums and second moments, bit for bit, as
+    the same map applied through the plain path; an index outside the rows raises (the fused
+    gather clips indices, which would count a row twice)."""
+    from klrelease.mechanisms.kl_certified.mechanism import _FusedRegionClip
+    from klrelease.rows import class_blocks
+    from klrelease.stream.moments import sorted_bounded_moments
+
+    rng = np.random.default_rng(2)
+    X = rng.standard_t(3, size=(5000, 4))
+    X[17] = 0.0
+    codes = rng.integers(0, 3, 5000)
+    codes[:2] = 2  # class 1 may be small; none is empty here
+    order, bounds = class_blocks(codes, 3)
+    fn = _FusedRegionClip(rng.normal(size=(3, 4)) * 0.1, rng.normal(size=(3, 4, 4)),
+                          np.array([1.5, 2.0, 3.0]), np.full(4, -4.0), np.full(4, 4.0))
+    for block in (7, 64, None):
+        fused = sorted_bounded_moments(X, bounds, fn, block=block, index=order)
+        plain = sorted_bounded_moments(X, bounds, lambda rows, k: fn(rows, k), block=block,
+                                       index=order)
+        for a, b in zip(fused, plain, strict=True):
+            np.testing.assert_array_equal(a, b)
+    for bad in (np.r_[order[:-1], 5000], np.r_[order[:-1], -1]):
+        with pytest.raises(IndexError):
+            sorted_bounded_moments(X, bounds, fn, index=bad)
 
 
 def _data():

@@ -161,6 +161,10 @@ def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
     block = row_block(sorted_rows.shape[1]) if block is None else int(block)
     into = getattr(fn, "into", None) if index is not None else None
     if into is not None:  # the block, its scratch copy, the map's rows, a row of ones
+        if index.size and not (0 <= index.min() and index.max() < sorted_rows.shape[0]):
+            # the gathers below clip indices instead of raising: a row read twice would
+            # break every sum's bound
+            raise IndexError("index out of range of the rows")
         m = max(min(block, index.shape[0]), 1)
         gathered, work = np.empty((m, sorted_rows.shape[1])), np.empty((m, sorted_rows.shape[1]))
         mapped, ones = None, np.ones(m)
@@ -169,8 +173,8 @@ def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
         for a in range(int(bounds[k]), int(bounds[k + 1]), block):
             b = min(a + block, int(bounds[k + 1]))
             if into is not None:
-                # mode="clip": the indices are in range, and numpy's default ("raise")
-                # gathers into a temporary first, then copies it into out
+                # mode="clip": the indices are in range (checked above), and numpy's
+                # default ("raise") gathers into a temporary first, then copies it into out
                 rows = np.take(sorted_rows, index[a:b], axis=0, out=gathered[:b - a],
                                mode="clip")
                 if mapped is None:

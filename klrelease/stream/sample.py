@@ -192,7 +192,7 @@ def sample_indices(n: int, size: int | None = None) -> np.ndarray:
 
     Priorities look uniform on ``[0, 2^64)``, so the ``size`` lowest lie below a cut under
     which about ``1.25 size`` rows fall (the count's standard deviation is about
-    ``sqrt(size)``): the priorities are computed a cache-sized block at a time and only the
+    ``sqrt(1.25 size)``): the priorities are computed a cache-sized block at a time and only the
     rows below the cut are kept, then the ``size`` lowest of those are selected. Whenever
     fewer than ``size`` rows fall below the cut, every row is ranked instead; either way the
     result is the ``size`` lowest priorities (distinct), in their order."""

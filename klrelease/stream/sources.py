@@ -248,11 +248,6 @@ class Source:
         """The raw rows ``(X, y)`` of row group ``g`` (see :meth:`row_groups`)."""
         raise NotImplementedError
 
-    def read_groups(self, groups) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
-        """The raw rows of the row groups ``groups`` (numbers, in order), one at a time."""
-        for g in groups:
-            yield self.read_group(g)
-
     def block_sample(self, size: int, sizes=None
                      ) -> tuple[int, tuple[np.ndarray, np.ndarray], int]:
         """The labelled sample of a one-pass release, read without a pass over the data.
@@ -283,16 +278,17 @@ class Source:
         classes = self.resolve_classes()
         X_parts, c_parts, idx_parts, read = [], [], [], 0
         try:
+            read_span = self._span_reader()
             for g in need:
                 lo, hi = int(starts[g]), int(starts[g + 1])
                 # the rows of the group that the blocks hold, converted alone
                 first = min(max(a, lo) for a, b in blocks if a < hi and b > lo)
                 last = max(min(b, hi) for a, b in blocks if a < hi and b > lo)
-                n_group, X, y = self._read_span(g, first - lo, last - lo)
+                n_group, X, y = read_span(g, first - lo, last - lo)
                 if n_group != sizes[g]:
                     raise SourceReadError(CHANGED)
                 read += n_group
-                for a, b in blocks:  # the block's rows only, validated and copied
+                for a, b in blocks:  # the block's rows only, validated (copied below)
                     a2, b2 = max(a, first), min(b, last)
                     if a2 < b2:
                         Xb, codes = _chunk(X[a2 - first:b2 - first], y[a2 - first:b2 - first],
@@ -311,14 +307,18 @@ class Source:
         codes = c_parts[0] if len(c_parts) == 1 else np.concatenate(c_parts)
         return N, (np.take(X, order, axis=0), np.take(codes, order)), read
 
-    def _read_span(self, g: int, start: int, stop: int
-                   ) -> tuple[int, np.ndarray, np.ndarray | None]:
-        """Rows ``start:stop`` of row group ``g`` (raw, as :meth:`read_group` gives them) and
-        the number of rows the group holds (checked against its metadata): the whole group
-        read by :meth:`read_group`, then sliced (a source that converts rows can convert
-        those alone)."""
-        X, y = self.read_group(g)
-        return len(X), X[start:stop], None if y is None else y[start:stop]
+    def _span_reader(self) -> Callable[[int, int, int],
+                                       tuple[int, np.ndarray, np.ndarray | None]]:
+        """``read(g, start, stop)``: rows ``start:stop`` of row group ``g`` (raw, as
+        :meth:`read_group` gives them) and the number of rows the group holds (checked against
+        its metadata): here the whole group read by :meth:`read_group`, then sliced; a source
+        that converts rows can convert those alone, and read its metadata once for every
+        group of one sample."""
+        def read(g: int, start: int, stop: int):
+            X, y = self.read_group(g)
+            return len(X), X[start:stop], None if y is None else y[start:stop]
+
+        return read
 
     # ------------------------------------------------------------- features only (no labels)
     def scan_rows(self, fn: Callable, merge: Callable, initial, *, indexed: bool = False,
@@ -763,12 +763,8 @@ class ParquetSource(Source):
         return [n for _, _, n in self._groups()]
 
     def read_group(self, g: int):
-        return next(self.read_groups([g]))
-
-    def read_groups(self, groups):
-        where = self._groups()
-        for g in groups:
-            yield _batch_xy(self._group_table(where[g]), self.feature_names, self.label_column)
+        return _batch_xy(self._group_table(self._groups()[g]), self.feature_names,
+                         self.label_column)
 
     def _group_table(self, where):
         import pyarrow.parquet as pq
@@ -777,13 +773,18 @@ class ParquetSource(Source):
         with pq.ParquetFile(p) as fh:
             return fh.read_row_group(i, columns=self._columns)
 
-    def _read_span(self, g: int, start: int, stop: int):
-        """The group read whole (its columns' pages), its rows ``start:stop`` alone
-        converted to arrays (a slice of the table: no copy)."""
-        table = self._group_table(self._groups()[g])
-        X, y = _batch_xy(table.slice(start, max(stop - start, 0)), self.feature_names,
-                         self.label_column)
-        return table.num_rows, X, y
+    def _span_reader(self):
+        """The files' footers read once; each group read whole (its columns' pages), its
+        rows ``start:stop`` alone converted to arrays (a slice of the table: no copy)."""
+        where = self._groups()
+
+        def read(g: int, start: int, stop: int):
+            table = self._group_table(where[g])
+            X, y = _batch_xy(table.slice(start, max(stop - start, 0)), self.feature_names,
+                             self.label_column)
+            return table.num_rows, X, y
+
+        return read
 
 
 def _batch_xy(batch, features, label_column):

@@ -506,8 +506,8 @@ class _FusedRegionClip:
         interval (clipping would then change nothing; a NaN fails the test); then the
         product, the norms and the clip in one sweep (:func:`~klrelease.rows.
         affine_clip_rows`)."""
-        if self.lower is not None and not (X.min() > self.lower.max()
-                                           and X.max() < self.upper.min()):
+        if self.lower is not None and X.size and not (X.min() > self.lower.max()
+                                                      and X.max() < self.upper.min()):
             clip_to_bounds(X, self.lower, self.upper, out=X)
         return affine_clip_rows(X, self.offsets[k], self.V[k], self.radii[k], out, work)
 
