@@ -88,12 +88,13 @@ def _affine_rows_scaled(X: np.ndarray, centre: np.ndarray, W: np.ndarray) -> np.
     return out
 
 
-def column_sums(U: np.ndarray) -> np.ndarray:
+def column_sums(U: np.ndarray, ones: np.ndarray | None = None) -> np.ndarray:
     """The sum of the rows of ``U`` as one matrix-vector product (several times faster than
     ``U.sum(axis=0)`` on tall arrays of few columns; plain, not pairwise, summation: for
-    bounded rows, or for a mean that only centres rows)."""
+    bounded rows, or for a mean that only centres rows). ``ones``: a vector of ``U``'s row
+    count of ones that the caller keeps across calls (none allocated here)."""
     U = np.asarray(U, dtype=np.float64)
-    return np.ones(U.shape[0]) @ U
+    return (np.ones(U.shape[0]) if ones is None else ones) @ U
 
 
 def column_extremes(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

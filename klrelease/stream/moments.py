@@ -180,7 +180,7 @@ def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
                 if mapped is None:
                     mapped = np.empty((m, fn(rows[:0], k).shape[1]))
                 U = into(rows, k, mapped[:b - a], work[:b - a])
-                s = ones[:b - a] @ U  # column_sums(U), the same product
+                s = column_sums(U, ones[:b - a])
             else:
                 rows = (sorted_rows[a:b] if index is None
                         else np.take(sorted_rows, index[a:b], axis=0))
