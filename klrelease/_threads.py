@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 
-__all__ = ["single_threaded_blas", "blas_single_thread", "blas_threads_for", "THREADED_FROM"]
+__all__ = ["single_threaded_blas", "blas_single_thread", "blas_threads_for", "THREADED_FROM",
+           "row_threads"]
 
 _CONTROLLER = None
 
@@ -56,3 +58,14 @@ def blas_single_thread(fn=None, *, width=None):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+def row_threads() -> int:
+    """Threads for a pass over rows in memory: two where the process may run on two cores or
+    more, else one. A pass over rows on a worker of a cluster (a streamed chunk) runs on one:
+    the cluster schedules its own threads."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # (no affinity on this platform)
+        cores = os.cpu_count() or 1
+    return 2 if cores >= 2 else 1

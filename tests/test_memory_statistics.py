@@ -257,3 +257,44 @@ def test_gathered_rows_match_grouped_rows(bounded):
         np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-10 * X.shape[0])
     win = Window(np.full(D, -1.0), np.full(D, 1.0))
     np.testing.assert_array_equal(gathered.histograms(win, 8), grouped.histograms(win, 8))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_two_threads_give_the_same_sums_bit_for_bit(fused, monkeypatch):
+    """In memory the class blocks and the pooled pass are reduced on two threads: each class
+    by one thread, block after block, and the pooled blocks added in their order, so every
+    sum is the one thread's, bit for bit (here from 64 rows on, so that the awkward classes,
+    an empty and a one-row one among them, take the threaded path)."""
+    import klrelease.stream.moments as moments
+    from klrelease.mechanisms.kl_certified.mechanism import _FusedRegionClip
+
+    monkeypatch.setattr(moments, "THREADED_ROWS", 64)
+    X, y, _ = _awkward(5)
+    order, bounds = class_blocks(y, K)
+    rng = np.random.default_rng(8)
+    if fused:
+        fn = _FusedRegionClip(rng.normal(size=(K, D)) + 1e3,
+                              np.stack([np.diag(rng.uniform(0.5, 2.0, D)) for _ in range(K)]),
+                              np.full(K, 1.5), np.full(D, 999.0), np.full(D, 1010.0))
+    else:
+        fn = _RegionClip(rng.normal(size=(K, D)) + 1e3,
+                         np.stack([np.diag(rng.uniform(0.5, 2.0, D)) for _ in range(K)]),
+                         np.full(K, 1.5))
+    one = sorted_bounded_moments(X, bounds, fn, index=order, block=100)
+    two = sorted_bounded_moments(X, bounds, fn, index=order, block=100, threads=2)
+    for a, b in zip(one, two, strict=True):
+        np.testing.assert_array_equal(b, a)
+    assert np.any(one[1] != 0)
+    m1, lo1, hi1 = pooled_moments(X, extremes=True)
+    m2, lo2, hi2 = pooled_moments(X, extremes=True, threads=2)
+    for a, b in zip((m1.counts, m1.means, m1.scatters, lo1, hi1),
+                    (m2.counts, m2.means, m2.scatters, lo2, hi2), strict=True):
+        np.testing.assert_array_equal(b, a)
+    # a map that fails on one thread fails the reduction
+    def failing(T, k):
+        if k == 4 and T.shape[0]:
+            raise ZeroDivisionError("class 4")
+        return T
+
+    with pytest.raises(ZeroDivisionError):
+        sorted_bounded_moments(X, bounds, failing, index=order, threads=2)

@@ -138,8 +138,8 @@ def bounded_class_moments(rows: np.ndarray, codes: np.ndarray, n_classes: int,
 @_quiet
 def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
                            fn: Callable[[np.ndarray, int], np.ndarray], second: bool = True,
-                           block: int | None = None, index: np.ndarray | None = None
-                           ) -> tuple[np.ndarray, np.ndarray | None]:
+                           block: int | None = None, index: np.ndarray | None = None,
+                           threads: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
     """Per class ``k``: the sum (K, d') and (``second``) the raw second moment ``sum u u^T``
     (K, d', d') of ``u = fn(x, k)`` over the rows ``x`` of class ``k``, i.e.
     ``sorted_rows[bounds[k]:bounds[k+1]]`` (rows grouped by class once,
@@ -155,60 +155,85 @@ def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
     with ``index``, each gathered block in a buffer of its own, which it may overwrite, and
     writes its rows into ``out`` (``work``: a scratch array of the block's shape): the
     buffers of one block's size are allocated once per call and reused by every block, the
-    same values as ``fn(rows, k)``."""
+    same values as ``fn(rows, k)``.
+
+    ``threads`` > 1 (from :data:`THREADED_ROWS` rows and two classes): the classes are shared
+    by two threads in two queues of about equal rows, each class reduced whole by one thread,
+    its blocks in order; the map must then be safe to call from two threads at once (a pure
+    function of its arguments, as every stage's map is)."""
     sorted_rows = np.asarray(sorted_rows, dtype=np.float64)
-    K = len(bounds) - 1
     block = row_block(sorted_rows.shape[1]) if block is None else int(block)
     into = getattr(fn, "into", None) if index is not None else None
-    if into is not None:  # the block, its scratch copy, the map's rows, a row of ones
-        if index.size and not (0 <= index.min() and index.max() < sorted_rows.shape[0]):
-            # the gathers below clip indices instead of raising: a row read twice would
-            # break every sum's bound
-            raise IndexError("index out of range of the rows")
-        m = max(min(block, index.shape[0]), 1)
-        gathered, work = np.empty((m, sorted_rows.shape[1])), np.empty((m, sorted_rows.shape[1]))
-        mapped, ones = None, np.ones(m)
-    sums = second_m = None
-    for k in range(K):
-        for a in range(int(bounds[k]), int(bounds[k + 1]), block):
-            b = min(a + block, int(bounds[k + 1]))
-            if into is not None:
-                # mode="clip": the indices are in range (checked above), and numpy's
-                # default ("raise") gathers into a temporary first, then copies it into out
-                rows = np.take(sorted_rows, index[a:b], axis=0, out=gathered[:b - a],
-                               mode="clip")
-                if mapped is None:
-                    mapped = np.empty((m, fn(rows[:0], k).shape[1]))
-                U = into(rows, k, mapped[:b - a], work[:b - a])
-                s = column_sums(U, ones[:b - a])
-            else:
-                rows = (sorted_rows[a:b] if index is None
-                        else np.take(sorted_rows, index[a:b], axis=0))
-                U = np.asarray(fn(rows, k), dtype=np.float64)
-                s = column_sums(U)
-            del rows
-            if sums is None:
-                sums = np.zeros((K, U.shape[1]))
-                second_m = np.zeros((K, U.shape[1], U.shape[1])) if second else None
-            sums[k] += s
-            if second:
-                second_m[k] += U.T @ U
-    if sums is None:  # no rows: the map's output width from an empty block
-        width = np.asarray(fn(sorted_rows[:0], 0)).shape[1]
-        sums = np.zeros((K, width))
-        second_m = np.zeros((K, width, width)) if second else None
+    if into is not None and index.size and not (0 <= index.min()
+                                                and index.max() < sorted_rows.shape[0]):
+        # the gathers below clip indices instead of raising: a row read twice would break
+        # every sum's bound
+        raise IndexError("index out of range of the rows")
+    K, d = len(bounds) - 1, sorted_rows.shape[1]
+    width = np.asarray(fn(sorted_rows[:0], 0)).shape[1]  # the map's output width
+    sums = np.zeros((K, width))
+    second_m = np.zeros((K, width, width)) if second else None
+    m = max(min(block, int(bounds[-1]) - int(bounds[0])), 1)
+
+    def reduce(classes):
+        with np.errstate(all="ignore"):  # (per thread: see _quiet)
+            if into is not None:  # the block, its scratch copy, the map's rows, ones
+                gathered, work = np.empty((m, d)), np.empty((m, d))
+                mapped, ones = np.empty((m, width)), np.ones(m)
+            for k in classes:
+                for a in range(int(bounds[k]), int(bounds[k + 1]), block):
+                    b = min(a + block, int(bounds[k + 1]))
+                    if into is not None:
+                        # mode="clip": the indices are in range (checked above), and numpy's
+                        # default ("raise") gathers into a temporary first, then copies it
+                        X = np.take(sorted_rows, index[a:b], axis=0, out=gathered[:b - a],
+                                    mode="clip")
+                        U = into(X, k, mapped[:b - a], work[:b - a])
+                        sums[k] += column_sums(U, ones[:b - a])
+                    else:
+                        X = (sorted_rows[a:b] if index is None
+                             else np.take(sorted_rows, index[a:b], axis=0))
+                        U = np.asarray(fn(X, k), dtype=np.float64)
+                        sums[k] += column_sums(U)
+                    del X
+                    if second:
+                        second_m[k] += U.T @ U
+
+    if threads < 2 or int(bounds[-1]) - int(bounds[0]) < THREADED_ROWS or K < 2:
+        reduce(range(K))
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        # the classes in two queues of about equal rows, each class whole: reduced by one
+        # thread, its blocks in order, so the sums are the same, bit for bit, as on one
+        sizes = np.diff(bounds)
+        queues, load = ([], []), [0, 0]
+        for k in np.argsort(-sizes, kind="stable"):
+            j = int(load[1] < load[0])
+            queues[j].append(int(k))
+            load[j] += int(sizes[k])
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="klrelease-moments") as pool:
+            for f in [pool.submit(reduce, q) for q in queues]:
+                f.result()
     return sums, second_m
 
 
+#: Rows from which :func:`sorted_bounded_moments` and :func:`pooled_moments` asked for
+#: ``threads`` > 1 use two threads (numpy's gathers, maps and products release the
+#: interpreter's lock; the sums are the same, bit for bit, as on one).
+THREADED_ROWS = 1 << 17
+
+
 @_quiet
-def pooled_moments(rows: np.ndarray, extremes: bool = False):
+def pooled_moments(rows: np.ndarray, extremes: bool = False, threads: int = 1):
     """The count, mean and centred scatter of all ``rows`` as one class, in one pass over
     them: each block of :func:`~klrelease.rows.row_block` rows is shifted by ``s`` (the first
     block's mean), and its sum and scatter about ``s`` accumulated while it is in cache; then
     ``delta = sum (x - s) / n``, the mean is ``s + delta`` and the scatter about it
     ``sum (x - s)(x - s)^T - n delta delta^T`` (every term about the shift: a large common
     offset costs no accuracy). With ``extremes``, also each column's minimum and maximum (read
-    in the same pass): ``(moments, lo, hi)``."""
+    in the same pass): ``(moments, lo, hi)``. ``threads`` > 1 (from :data:`THREADED_ROWS`
+    rows): the second half of the blocks is reduced on a second thread."""
     rows = np.asarray(rows, dtype=np.float64)
     n, d = rows.shape
     step = row_block(d)
@@ -216,15 +241,44 @@ def pooled_moments(rows: np.ndarray, extremes: bool = False):
     shifted, scat = np.zeros(d), np.zeros((d, d))
     shift = column_sums(rows[:step]) / min(step, n) if n else np.zeros(d)
     C = np.empty((min(step, n), d))
-    for a in range(0, n, step):
+
+    def part(a: int, C: np.ndarray):
+        """One block's extremes, column sum and scatter about the shift."""
         block = rows[a:a + step]
-        if extremes:
-            blo, bhi = column_extremes(block)
-            np.minimum(lo, blo, out=lo)
-            np.maximum(hi, bhi, out=hi)
+        ext = column_extremes(block) if extremes else None
         Cb = np.subtract(block, shift, out=C[:block.shape[0]])
-        shifted += column_sums(Cb)
-        scat += Cb.T @ Cb
+        return ext, column_sums(Cb), Cb.T @ Cb
+
+    def add(ext, s, S):
+        nonlocal shifted, scat
+        if extremes:
+            np.minimum(lo, ext[0], out=lo)
+            np.maximum(hi, ext[1], out=hi)
+        shifted += s
+        scat += S
+
+    starts = range(0, n, step)
+    half = len(starts) // 2
+    if (threads < 2 or n < THREADED_ROWS
+            or 8 * (d * d + 3 * d) * (len(starts) - half) > 64 << 20):
+        for a in starts:
+            add(*part(a, C))
+    else:
+        # the second half of the blocks on a second thread, their results kept and added
+        # after the first half's, in the blocks' order: the same sums, bit for bit
+        from concurrent.futures import ThreadPoolExecutor
+
+        def later_half():
+            with np.errstate(all="ignore"):  # (per thread: see _quiet)
+                C2 = np.empty_like(C)
+                return [part(a, C2) for a in starts[half:]]
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="klrelease-moments") as pool:
+            later = pool.submit(later_half)
+            for a in starts[:half]:
+                add(*part(a, C))
+            for r in later.result():
+                add(*r)
     delta = shifted / n if n else np.zeros(d)
     mean = shift + delta
     scat -= n * np.multiply.outer(delta, delta)

@@ -103,10 +103,11 @@ def standardised_frame(data, name: str = "randomized-response", covariance: bool
     if isinstance(data, Source):
         m0, _ = data.pooled_and_sample(size=1, check_labels=True)
     elif covariance:  # the streamed path's one pass over the rows, in memory
+        from ..._threads import row_threads
         from ...stream.moments import pooled_moments
 
         with np.errstate(all="ignore"):
-            m0, lo, hi = pooled_moments(data.X, extremes=True)
+            m0, lo, hi = pooled_moments(data.X, extremes=True, threads=row_threads())
             check_scales(np.maximum(hi, -lo) if data.n_samples else np.zeros(data.n_features),
                          f"{name}: the features' magnitudes")
     if isinstance(data, Source) or covariance:

@@ -33,7 +33,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
-from ..._threads import blas_single_thread
+from ..._threads import blas_single_thread, row_threads
 from ...data import LabelledData
 from ...domain import SCALES, Domain, check_scales
 from ...gmm import GMM, check_gmm
@@ -285,7 +285,7 @@ def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     with np.errstate(all="ignore"):
         # the moments a streamed source computes (pooled_moments) and max |x| per feature, in
         # one pass; the magnitudes are checked before the moments are used
-        m, lo, hi = pooled_moments(X, extremes=True)
+        m, lo, hi = pooled_moments(X, extremes=True, threads=row_threads())
         check_scales(np.maximum(hi, -lo) if N else np.zeros(d), "the features' magnitudes")
         return _pooled_covariance(m)
 
@@ -342,7 +342,8 @@ class _MemoryRows:
 
     def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         """Per class k: the sum and (``second``) second moment of ``fn(T_k, k)``."""
-        return sorted_bounded_moments(self.rows, self.bounds, fn, second, index=self.index)
+        return sorted_bounded_moments(self.rows, self.bounds, fn, second, index=self.index,
+                                      threads=row_threads())
 
     def histograms(self, window, bins: int) -> np.ndarray:
         """Per-feature histograms of these rows (every class) clipped into ``window`` (counts:
@@ -412,7 +413,7 @@ class _GatheredRows:
 
     def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         return sorted_bounded_moments(self.X, self.bounds, _raw_map(fn, self.frame, self.clip),
-                                      second, index=self.order)
+                                      second, index=self.order, threads=row_threads())
 
     def histograms(self, window, bins: int) -> np.ndarray:
         out = np.zeros((window.lo.shape[0], bins))
