@@ -21,15 +21,17 @@ __all__ = ["gaussian_kl", "kl_divergence", "KLEstimate", "monte_carlo_kl"]
 
 
 def gaussian_kl(m0, S0, m1, S1) -> np.ndarray:
-    """KL(N(m0, S0) || N(m1, S1)), batched over leading dimensions."""
+    """KL(N(m0, S0) || N(m1, S1)), batched over leading dimensions.
+
+    With ``A = L1^-1 S0 L1^-T`` (``S1 = L1 L1^T``) and its eigenvalues ``a_i``, the divergence
+    is ``(sum_i (a_i - 1 - ln a_i) + |L1^-1 (m1 - m0)|^2) / 2``: a sum of terms that are each
+    at least zero, so a release at the reference itself, or within rounding of it, is not
+    given a negative divergence by the cancellation of ``tr`` against ``d`` and of one
+    log-determinant against the other (ill-conditioned covariances, KLs below 1e-12)."""
     m0, S0, m1, S1 = (np.asarray(a, dtype=float) for a in (m0, S0, m1, S1))
-    d = m0.shape[-1]
     L1 = np.linalg.cholesky(S1)
     diff = (m1 - m0)[..., None]
     sol_m = np.linalg.solve(L1, diff)
-    sol_S = np.linalg.solve(L1, S0)
-    sol_S = np.linalg.solve(L1, np.swapaxes(sol_S, -1, -2))
-    tr = np.trace(sol_S, axis1=-2, axis2=-1)
     quad = np.sum(sol_m**2, axis=(-2, -1))
     # positive definite as a release requires (a Cholesky factor, klrelease.gmm.check_gmm):
     # an LU determinant's sign can be wrong for a matrix that has one, near singular
@@ -37,9 +39,24 @@ def gaussian_kl(m0, S0, m1, S1) -> np.ndarray:
         L0 = np.linalg.cholesky(S0)
     except np.linalg.LinAlgError:
         raise ValueError("the first covariance is not positive definite") from None
-    logdet0 = 2.0 * np.sum(np.log(np.diagonal(L0, axis1=-2, axis2=-1)), axis=-1)
-    logdet1 = 2.0 * np.sum(np.log(np.diagonal(L1, axis1=-2, axis2=-1)), axis=-1)
-    return 0.5 * (tr + quad - d + logdet1 - logdet0)
+    B = np.linalg.solve(L1, L0)  # A = B B^T: its eigenvalues are the squared singular values
+    a = np.linalg.svd(B, compute_uv=False) ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = a - 1.0
+        # a - 1 - ln a, as x - log1p(x): no cancellation of a against 1 near a = 1; each
+        # term at least zero (rounding below it clipped)
+        terms = np.maximum(x - np.log1p(x), 0.0)
+    # a singular value that underflowed (S0 thinner than double precision can tell against
+    # S1): the log-determinants of the factors instead
+    under = np.any(a <= 0.0, axis=-1)
+    kl = 0.5 * (np.sum(terms, axis=-1) + quad)
+    if np.any(under):
+        d = m0.shape[-1]
+        tr = np.sum(a, axis=-1)
+        logdet0 = 2.0 * np.sum(np.log(np.diagonal(L0, axis1=-2, axis2=-1)), axis=-1)
+        logdet1 = 2.0 * np.sum(np.log(np.diagonal(L1, axis1=-2, axis2=-1)), axis=-1)
+        kl = np.where(under, 0.5 * (tr + quad - d + logdet1 - logdet0), kl)
+    return kl
 
 
 def kl_divergence(p: GMM, q: GMM) -> float:
