@@ -73,7 +73,13 @@ def kl_divergence(p: GMM, q: GMM) -> float:
     if np.any(pos & (v <= 0)):
         return float("inf")
     comp = gaussian_kl(p.means, p.covariances, q.means, q.covariances)
-    return float(np.sum(w[pos] * (np.log(w[pos] / v[pos]) + comp[pos])))
+    # the weights' divergence as sum_k (w ln(w / v) - w + v), over every class (0 ln 0 = 0):
+    # the same value (both sum to one), in terms that are each at least zero, so that
+    # weights within rounding of the reference's do not give a negative divergence
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cat = np.where(pos, w * np.log(np.where(pos, w, 1.0) / np.where(pos, v, 1.0)), 0.0)
+    cat = np.maximum(cat - w + v, 0.0)
+    return float(np.sum(cat) + np.sum(w[pos] * comp[pos]))
 
 
 @dataclass(frozen=True)

@@ -88,3 +88,20 @@ def test_gaussian_kl_is_not_negative_at_an_ill_conditioned_reference():
     # and a genuine difference along the thinnest direction is seen
     S0 = S + 1e-9 * np.outer(U[:, 0], U[:, 0])
     assert float(gaussian_kl(m, S0, m, S)) == pytest.approx(0.5 * (1 - np.log(2)), rel=1e-3)
+
+
+def test_kl_divergence_of_weights_within_rounding_is_not_negative():
+    """The weights' term summed as w ln(w / v) - w + v per class: a model whose weights differ
+    from the reference's by rounding (a debiased release at a large budget) is at zero, not
+    below it, and a class with no weight in the released model counts as the formula says."""
+    p, _ = _two_models()
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        w = p.weights * (1 + 1e-15 * rng.normal(size=3))
+        w = w / w.sum()
+        q = kr.GMM(w, p.means, p.covariances)
+        assert kr.kl_divergence(q, p) >= 0.0
+        assert kr.kl_divergence(q, p) < 1e-14
+    q = kr.GMM(np.array([0.0, 0.6, 0.4]), p.means, p.covariances)
+    want = 0.6 * np.log(0.6 / 0.5) + 0.4 * np.log(0.4 / 0.3)
+    assert kr.kl_divergence(q, p) == pytest.approx(want, rel=1e-12)
