@@ -62,8 +62,19 @@ def blas_single_thread(fn=None, *, width=None):
 
 def row_threads() -> int:
     """Threads for a pass over rows in memory: two where the process may run on two cores or
-    more, else one. A pass over rows on a worker of a cluster (a streamed chunk) runs on one:
-    the cluster schedules its own threads."""
+    more, else one; ``KLRELEASE_ROW_THREADS=1`` in the environment keeps every pass on one
+    (for many releases run side by side in processes of their own). A pass over rows on a
+    worker of a cluster (a streamed chunk) runs on one: the cluster schedules its own
+    threads. The sums are the same, bit for bit, on one thread or two."""
+    asked = os.environ.get("KLRELEASE_ROW_THREADS", "").strip()
+    if asked:
+        if asked == "1":
+            return 1
+        if asked != "2":  # (read during a release too: a warning, never a failure)
+            import warnings
+
+            warnings.warn(f"KLRELEASE_ROW_THREADS must be 1 or 2, not {asked!r}: ignored",
+                          RuntimeWarning, stacklevel=2)
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # (no affinity on this platform)

@@ -298,3 +298,37 @@ def test_two_threads_give_the_same_sums_bit_for_bit(fused, monkeypatch):
 
     with pytest.raises(ZeroDivisionError):
         sorted_bounded_moments(X, bounds, failing, index=order, threads=2)
+
+
+def test_threaded_histograms_and_class_order_are_the_one_thread_ones(monkeypatch):
+    """The early stages' histograms counted on two threads and the class order sorted on a
+    second thread (while the sample is read) give what one thread gives."""
+    import klrelease.stream.moments as moments
+    from klrelease.mechanisms.kl_certified import mechanism
+    from klrelease.mechanisms.kl_certified.mechanism import _GatheredRows, whitening_frame
+
+    X, y, _ = _awkward(9)
+    order, bounds = class_blocks(y, K)
+    win = Window(np.full(D, 995.0), np.full(D, 1015.0))
+    rows = _MemoryRows(X, bounds, order)
+    one = rows.histograms(win, 16)
+    monkeypatch.setattr(moments, "THREADED_ROWS", 64)
+    assert mechanism.row_threads() == 2 or pytest.skip("one core")
+    np.testing.assert_array_equal(rows.histograms(win, 16), one)
+    assert one.sum() == X.shape[0] * D
+    frame = whitening_frame(*_public_moments(X)[:2])
+    gathered = _GatheredRows(X, y, K, frame)
+    np.testing.assert_array_equal(gathered.bounds, bounds)
+    np.testing.assert_array_equal(gathered.order, order)
+
+
+def test_row_threads_follow_the_environment(monkeypatch):
+    from klrelease._threads import row_threads
+
+    monkeypatch.setenv("KLRELEASE_ROW_THREADS", "1")
+    assert row_threads() == 1
+    monkeypatch.setenv("KLRELEASE_ROW_THREADS", "4")
+    with pytest.warns(RuntimeWarning, match="must be 1 or 2"):
+        assert row_threads() in (1, 2)
+    monkeypatch.delenv("KLRELEASE_ROW_THREADS")
+    assert row_threads() in (1, 2)

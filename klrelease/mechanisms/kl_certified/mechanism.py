@@ -49,6 +49,7 @@ from ...rows import (
     column_sums,
     row_block,
 )
+from ...stream import moments as _moments
 from ...stream.moments import pooled_moments, sorted_bounded_moments
 from ...stream.sources import CHANGED, SourceReadError
 from ...warnings_ import warn_privacy
@@ -348,14 +349,28 @@ class _MemoryRows:
     def histograms(self, window, bins: int) -> np.ndarray:
         """Per-feature histograms of these rows (every class) clipped into ``window`` (counts:
         the same in any order and blocks)."""
-        out = np.zeros((window.lo.shape[0], bins))
         step = 4 * row_block(self.rows.shape[1])
         n = int(self.bounds[-1])
-        for a in range(0, n, step):
-            block = (self.rows[a:a + step] if self.index is None
-                     else np.take(self.rows, self.index[a:a + step], axis=0))
-            out += histograms(block, window, bins)
-        return out
+
+        def count(starts) -> np.ndarray:
+            out = np.zeros((window.lo.shape[0], bins))
+            for a in starts:
+                block = (self.rows[a:a + step] if self.index is None
+                         else np.take(self.rows, self.index[a:a + step], axis=0))
+                out += histograms(block, window, bins)
+            return out
+
+        starts = range(0, n, step)
+        if row_threads() < 2 or n < _moments.THREADED_ROWS:
+            return count(starts)
+        from concurrent.futures import ThreadPoolExecutor
+
+        # counts: the same whichever thread adds which block
+        half = len(starts) // 2
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="klrelease-counts") as pool:
+            later = pool.submit(count, starts[half:])
+            out = count(starts[:half])
+            return out + later.result()
 
 
 @dataclass(frozen=True)
@@ -409,7 +424,26 @@ class _GatheredRows:
     def __init__(self, X: np.ndarray, codes: np.ndarray, n_classes: int, frame: Frame,
                  clip=None):
         self.X, self.frame, self.clip = X, frame, clip
-        self.order, self.bounds = class_blocks(codes, n_classes)
+        # the class counts now; the rows' order by class (a sort of every label, read only by
+        # the last round) on a second thread while the early stages read their sample
+        self.bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=n_classes))])
+        self._order = None
+        if row_threads() > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="klrelease-sort")
+            self._sorting = pool.submit(class_blocks, codes, n_classes)
+            pool.shutdown(wait=False)  # (its thread ends with the sort)
+        else:
+            self._order = class_blocks(codes, n_classes)[0]
+
+    @property
+    def order(self) -> np.ndarray:
+        """The rows' order that groups the classes (:func:`klrelease.rows.class_blocks`)."""
+        if self._order is None:
+            self._order = self._sorting.result()[0]
+            del self._sorting
+        return self._order
 
     def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         return sorted_bounded_moments(self.X, self.bounds, _raw_map(fn, self.frame, self.clip),
