@@ -17,7 +17,7 @@ import functools
 import os
 
 __all__ = ["single_threaded_blas", "blas_single_thread", "blas_threads_for", "THREADED_FROM",
-           "row_threads"]
+           "row_threads", "in_two_halves"]
 
 _CONTROLLER = None
 
@@ -80,3 +80,19 @@ def row_threads() -> int:
     except AttributeError:  # (no affinity on this platform)
         cores = os.cpu_count() or 1
     return 2 if cores >= 2 else 1
+
+
+def in_two_halves(fn, n: int, least: int = 1 << 17):
+    """``[fn(0, h), fn(h, n)]`` with ``h = n // 2``, the second half on a second thread when
+    :func:`row_threads` allows two and ``n`` is at least ``least``; else ``[fn(0, n)]``. For
+    passes over rows whose numpy work releases the interpreter's lock; the caller combines
+    the halves' results in their order."""
+    if n < least or row_threads() < 2:
+        return [fn(0, n)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    h = n // 2
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="klrelease-rows") as pool:
+        later = pool.submit(fn, h, n)
+        first = fn(0, h)
+        return [first, later.result()]

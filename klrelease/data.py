@@ -339,7 +339,7 @@ def as_labelled_data(
         raise ValueError(f"X must be two-dimensional (n_samples, n_features), got {X.ndim} dims")
     if X.shape[0] == 0 or X.shape[1] == 0:
         raise ValueError("X must have at least one row and one column")
-    if not np.all(np.isfinite(X)):
+    if not _all_finite(X):
         raise ValueError("X contains NaN or infinite values")
     if classes is None:
         _check_one_label_type(y)
@@ -361,6 +361,19 @@ def as_labelled_data(
     if len(names) != d:
         raise ValueError("feature_names must have one name per column of X")
     return LabelledData(X, codes, classes_t, domain, names, classes is not None)
+
+
+def _all_finite(X: np.ndarray) -> bool:
+    """Whether every entry of ``X`` is finite (the rows in two halves, on two threads where
+    :func:`klrelease._threads.row_threads` allows; a half's rows a block at a time)."""
+    from ._threads import in_two_halves
+
+    step = max(1, (1 << 20) // max(X.shape[1], 1))
+
+    def finite(a: int, b: int) -> bool:
+        return all(bool(np.isfinite(X[i:min(i + step, b)]).all()) for i in range(a, b, step))
+
+    return all(in_two_halves(finite, X.shape[0]))
 
 
 def check_class_sizes(counts: np.ndarray, d: int, min_class_size: int | None) -> None:

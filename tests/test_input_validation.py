@@ -82,3 +82,20 @@ def test_a_random_state_instance_reproduces_and_advances():
     np.testing.assert_array_equal(a.means_, b.means_)
     np.testing.assert_array_equal(a.means_, c.means_)
     assert not np.array_equal(c.means_, d.means_)
+
+
+@pytest.mark.parametrize("where", ["first", "last", "middle"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_entry_anywhere_in_many_rows_is_refused(where, value):
+    """The finiteness check of a large array runs over its two halves on two threads, in
+    blocks: a non-finite entry in either half, at a block's edge or not, is found."""
+    from klrelease import as_labelled_data
+
+    n = (1 << 17) + 3
+    X = np.zeros((n, 3))
+    y = np.arange(n) % 2
+    row = {"first": 0, "last": n - 1, "middle": n // 2}[where]
+    as_labelled_data(X, y)  # finite: accepted
+    X[row, 2] = value
+    with pytest.raises(ValueError, match="^X contains NaN or infinite values$"):
+        as_labelled_data(X, y)

@@ -200,13 +200,23 @@ def sample_indices(n: int, size: int | None = None) -> np.ndarray:
     if n <= size:
         return np.argsort(row_priorities(0, n))
     cut = np.uint64(min(2.0**64 - 2.0**11, 1.25 * size / n * 2.0**64 + 2.0**32))
-    index, kept = [], []
-    for a in range(0, n, _PRIORITY_BLOCK):
-        p = row_priorities(a, min(_PRIORITY_BLOCK, n - a))
-        below = np.flatnonzero(p < cut)
-        index.append(below + a)
-        kept.append(p[below])
-    index, p = np.concatenate(index), np.concatenate(kept)
+    blocks = range(0, n, _PRIORITY_BLOCK)
+
+    def below_cut(i: int, j: int):
+        """The rows of blocks ``i .. j - 1`` below the cut, and their priorities."""
+        index, kept = [], []
+        for a in blocks[i:j]:
+            p = row_priorities(a, min(_PRIORITY_BLOCK, n - a))
+            below = np.flatnonzero(p < cut)
+            index.append(below + a)
+            kept.append(p[below])
+        return index, kept
+
+    from .._threads import in_two_halves
+
+    halves = in_two_halves(below_cut, len(blocks), least=(1 << 17) // _PRIORITY_BLOCK)
+    index = np.concatenate([a for h in halves for a in h[0]])  # in the blocks' order
+    p = np.concatenate([a for h in halves for a in h[1]])
     if index.size < size:
         index, p = np.arange(n), row_priorities(0, n)
     keep = np.argpartition(p, size - 1)[:size]
