@@ -17,7 +17,7 @@ import functools
 import os
 
 __all__ = ["single_threaded_blas", "blas_single_thread", "blas_threads_for", "THREADED_FROM",
-           "row_threads", "in_two_halves"]
+           "row_threads", "row_threads_setting", "beside", "in_two_halves"]
 
 _CONTROLLER = None
 
@@ -60,21 +60,34 @@ def blas_single_thread(fn=None, *, width=None):
     return wrapper
 
 
+def row_threads_setting() -> int | None:
+    """``KLRELEASE_ROW_THREADS`` as 1 or 2, ``None`` when unset.
+
+    Raises
+    ------
+    ValueError
+        Any other value. Checked when a mechanism is planned, before any noise is drawn
+        (:meth:`klrelease.mechanisms.base.Mechanism.plan`); during a release an invalid value
+        counts as unset (:func:`row_threads`), so that it cannot fail a release after noise."""
+    asked = os.environ.get("KLRELEASE_ROW_THREADS", "").strip()
+    if not asked:
+        return None
+    if asked not in ("1", "2"):
+        raise ValueError(f"KLRELEASE_ROW_THREADS must be 1 or 2, not {asked!r}")
+    return int(asked)
+
+
 def row_threads() -> int:
     """Threads for a pass over rows in memory: two where the process may run on two cores or
     more, else one; ``KLRELEASE_ROW_THREADS=1`` in the environment keeps every pass on one
     (for many releases run side by side in processes of their own). A pass over rows on a
     worker of a cluster (a streamed chunk) runs on one: the cluster schedules its own
-    threads. The sums are the same, bit for bit, on one thread or two."""
-    asked = os.environ.get("KLRELEASE_ROW_THREADS", "").strip()
-    if asked:
-        if asked == "1":
+    threads. The sums are the same, bit for bit, on one thread or two. Never raises."""
+    try:
+        if row_threads_setting() == 1:
             return 1
-        if asked != "2":  # (read during a release too: a warning, never a failure)
-            import warnings
-
-            warnings.warn(f"KLRELEASE_ROW_THREADS must be 1 or 2, not {asked!r}: ignored",
-                          RuntimeWarning, stacklevel=2)
+    except ValueError:  # (checked at planning: here it counts as unset)
+        pass
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # (no affinity on this platform)
@@ -82,17 +95,31 @@ def row_threads() -> int:
     return 2 if cores >= 2 else 1
 
 
+def beside(fn, *args):
+    """Start ``fn(*args)`` on a thread of its own; return a function that waits for and
+    returns its result (or raises its exception). Where no thread can be started (a process
+    at its limit of threads), ``fn`` runs on the caller's thread when its result is asked
+    for: a pass over rows never fails for want of a thread. ``fn`` sets its own numpy error
+    state: a new thread starts with numpy's default, which warns."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="klrelease-rows")
+        future = pool.submit(fn, *args)
+    except RuntimeError:  # can't start new thread
+        return lambda: fn(*args)
+    pool.shutdown(wait=False)  # (its thread ends with the task)
+    return future.result
+
+
 def in_two_halves(fn, n: int, least: int = 1 << 17):
     """``[fn(0, h), fn(h, n)]`` with ``h = n // 2``, the second half on a second thread when
     :func:`row_threads` allows two and ``n`` is at least ``least``; else ``[fn(0, n)]``. For
     passes over rows whose numpy work releases the interpreter's lock; the caller combines
-    the halves' results in their order."""
+    the halves' results in their order (``fn`` sets its own numpy error state)."""
     if n < least or row_threads() < 2:
         return [fn(0, n)]
-    from concurrent.futures import ThreadPoolExecutor
-
     h = n // 2
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="klrelease-rows") as pool:
-        later = pool.submit(fn, h, n)
-        first = fn(0, h)
-        return [first, later.result()]
+    later = beside(fn, h, n)
+    first = fn(0, h)
+    return [first, later()]

@@ -40,22 +40,27 @@ def gaussian_kl(m0, S0, m1, S1) -> np.ndarray:
     except np.linalg.LinAlgError:
         raise ValueError("the first covariance is not positive definite") from None
     B = np.linalg.solve(L1, L0)  # A = B B^T: its eigenvalues are the squared singular values
-    a = np.linalg.svd(B, compute_uv=False) ** 2
-    with np.errstate(divide="ignore", invalid="ignore"):
+    sv = np.linalg.svd(B, compute_uv=False)
+    with np.errstate(all="ignore"):
+        a = sv * sv
         x = a - 1.0
-        # a - 1 - ln a, as x - log1p(x): no cancellation of a against 1 near a = 1; each
-        # term at least zero (rounding below it clipped)
-        terms = np.maximum(x - np.log1p(x), 0.0)
-    # a singular value that underflowed (S0 thinner than double precision can tell against
-    # S1): the log-determinants of the factors instead
-    under = np.any(a <= 0.0, axis=-1)
-    kl = 0.5 * (np.sum(terms, axis=-1) + quad)
+        # a - 1 - ln a: near a = 1 as x - log1p(x) (no cancellation of a against 1), elsewhere
+        # with ln a = 2 ln s from the singular value itself (a - 1 rounds to -1 for a below
+        # 1e-16); each term at least zero (rounding below it clipped)
+        near = np.abs(x) < 0.5
+        terms = np.where(near, x - np.log1p(np.where(near, x, 0.0)), x - 2.0 * np.log(sv))
+        terms = np.maximum(terms, 0.0)
+        kl = 0.5 * (np.sum(terms, axis=-1) + quad)
+    # a singular value that underflowed to zero (S0 thinner than double precision can tell
+    # against S1): the log-determinants of the factors instead
+    under = np.any(sv <= 0.0, axis=-1)
     if np.any(under):
         d = m0.shape[-1]
-        tr = np.sum(a, axis=-1)
-        logdet0 = 2.0 * np.sum(np.log(np.diagonal(L0, axis1=-2, axis2=-1)), axis=-1)
-        logdet1 = 2.0 * np.sum(np.log(np.diagonal(L1, axis1=-2, axis2=-1)), axis=-1)
-        kl = np.where(under, 0.5 * (tr + quad - d + logdet1 - logdet0), kl)
+        with np.errstate(all="ignore"):
+            tr = np.sum(a, axis=-1)
+            logdet0 = 2.0 * np.sum(np.log(np.diagonal(L0, axis1=-2, axis2=-1)), axis=-1)
+            logdet1 = 2.0 * np.sum(np.log(np.diagonal(L1, axis1=-2, axis2=-1)), axis=-1)
+            kl = np.where(under, 0.5 * (tr + quad - d + logdet1 - logdet0), kl)
     return kl
 
 

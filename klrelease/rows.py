@@ -12,20 +12,28 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["affine_rows", "affine_clip_rows", "clip_to_norm", "clip_to_bounds", "column_sums",
-           "column_extremes", "class_blocks", "ROW_BLOCK", "BLOCK_VALUES", "row_block"]
+           "column_extremes", "class_blocks", "class_order", "class_bounds", "ROW_BLOCK",
+           "BLOCK_VALUES", "row_block"]
 
 
 def class_blocks(codes: np.ndarray, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row order that groups the classes, and the block boundaries (length K+1).
+    """Row order that groups the classes, and the block boundaries (length K+1):
+    :func:`class_order` and :func:`class_bounds`."""
+    return class_order(codes, n_classes), class_bounds(codes, n_classes)
 
-    The codes are sorted in the narrowest unsigned type, where numpy's stable sort is a radix
-    sort (the same order as sorting the codes themselves)."""
+
+def class_order(codes: np.ndarray, n_classes: int) -> np.ndarray:
+    """Row order that groups the classes, each class's rows in their own order. The codes are
+    sorted in the narrowest unsigned type, where numpy's stable sort is a radix sort (the
+    same order as sorting the codes themselves)."""
     small = codes.astype(np.uint8 if n_classes <= 256 else np.uint16 if n_classes <= 65536
                          else np.int64, copy=False)
-    order = np.argsort(small, kind="stable")
-    counts = np.bincount(codes, minlength=n_classes)
-    bounds = np.concatenate([[0], np.cumsum(counts)])
-    return order, bounds
+    return np.argsort(small, kind="stable")
+
+
+def class_bounds(codes: np.ndarray, n_classes: int) -> np.ndarray:
+    """The boundaries of the classes' blocks in :func:`class_order` (length K+1)."""
+    return np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=n_classes))])
 
 
 #: Rows per block of :func:`affine_rows` (a block of d = 10 features stays in cache).

@@ -105,3 +105,20 @@ def test_kl_divergence_of_weights_within_rounding_is_not_negative():
     q = kr.GMM(np.array([0.0, 0.6, 0.4]), p.means, p.covariances)
     want = 0.6 * np.log(0.6 / 0.5) + 0.4 * np.log(0.4 / 0.3)
     assert kr.kl_divergence(q, p) == pytest.approx(want, rel=1e-12)
+
+
+def test_gaussian_kl_far_from_the_reference_is_accurate_and_quiet():
+    """A released covariance far thinner than the reference along one direction (a - 1
+    rounds to -1 below a = 1e-16) or far wider (its square overflows): the textbook value, or
+    inf, with no warning; never NaN."""
+    import warnings
+
+    S1 = np.array([[2.0, 0.9, 0.3], [0.9, 1.5, 0.2], [0.3, 0.2, 1.0]])
+    z = np.zeros(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for t in (1e-12, 1e-16, 5e-17, 1e-20, 1e-60, 1e-300):
+            S0 = np.diag([1.0, 1.0, t])
+            assert float(gaussian_kl(z, S0, z, S1)) == pytest.approx(
+                _textbook_kl(z, S0, z, S1), rel=1e-12)
+        assert float(gaussian_kl(z[:2], 1e160 * np.eye(2), z[:2], 1e-160 * np.eye(2))) == np.inf

@@ -313,7 +313,8 @@ def test_threaded_histograms_and_class_order_are_the_one_thread_ones(monkeypatch
     rows = _MemoryRows(X, bounds, order)
     one = rows.histograms(win, 16)
     monkeypatch.setattr(moments, "THREADED_ROWS", 64)
-    assert mechanism.row_threads() == 2 or pytest.skip("one core")
+    if mechanism.row_threads() < 2:
+        pytest.skip("one core, or KLRELEASE_ROW_THREADS=1: no second thread")
     np.testing.assert_array_equal(rows.histograms(win, 16), one)
     assert one.sum() == X.shape[0] * D
     frame = whitening_frame(*_public_moments(X)[:2])
@@ -323,12 +324,79 @@ def test_threaded_histograms_and_class_order_are_the_one_thread_ones(monkeypatch
 
 
 def test_row_threads_follow_the_environment(monkeypatch):
+    """``KLRELEASE_ROW_THREADS=1`` keeps one thread; any value but 1 or 2 is refused when a
+    mechanism is planned, before any noise, and counts as unset during a release (where it
+    must not fail it, even with warnings as errors)."""
+    import warnings
+
+    import klrelease as kr
     from klrelease._threads import row_threads
 
     monkeypatch.setenv("KLRELEASE_ROW_THREADS", "1")
     assert row_threads() == 1
-    monkeypatch.setenv("KLRELEASE_ROW_THREADS", "4")
-    with pytest.warns(RuntimeWarning, match="must be 1 or 2"):
+    X, y, _ = _awkward(2)
+    monkeypatch.setenv("KLRELEASE_ROW_THREADS", "two")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         assert row_threads() in (1, 2)
+    with pytest.raises(ValueError, match="KLRELEASE_ROW_THREADS must be 1 or 2"):
+        kr.plan(kr.as_labelled_data(X, y, classes=range(K), min_class_size=0), None,
+                epsilon=1.0, delta=1e-5)
     monkeypatch.delenv("KLRELEASE_ROW_THREADS")
     assert row_threads() in (1, 2)
+
+
+def test_a_second_thread_sets_its_own_error_state_and_is_not_needed(monkeypatch):
+    """Work on a second thread starts at numpy's default error state (warn): the threaded
+    reductions set their own, so an overflow in private sums shows no warning from either
+    thread; and where no thread can be started the work runs on the caller's."""
+    import concurrent.futures
+    import warnings
+
+    import klrelease.stream.moments as moments
+
+    monkeypatch.setattr(moments, "THREADED_ROWS", 64)
+    X, y, _ = _awkward(4)
+    X[::97] = 1e300  # squares overflow in every class
+    order, bounds = class_blocks(y, K)
+
+    def square(T, k):
+        return T * T
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = sorted_bounded_moments(X, bounds, square, index=order, threads=2)
+        m = pooled_moments(X, extremes=True, threads=2)
+    assert np.isinf(got[1]).any() and not np.isfinite(m[0].scatters).any()
+    want = sorted_bounded_moments(X, bounds, square, index=order)
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(concurrent.futures.ThreadPoolExecutor, "submit", refuse)
+    again = sorted_bounded_moments(X, bounds, square, index=order, threads=2)
+    for a, b in zip(want, again, strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
+def test_a_failed_sort_of_the_labels_fails_the_plan_not_the_release(monkeypatch):
+    """The sort of every label by class runs beside the rest of the plan and is settled
+    before the plan is returned: a failure there is raised by ``plan``, before any noise."""
+    import klrelease as kr
+    from klrelease.mechanisms.kl_certified import mechanism
+
+    n = 300_000
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(n, 2)), rng.integers(0, 2, n)
+    data = kr.as_labelled_data(X, y, classes=[0, 1])
+    real = mechanism.class_order
+
+    def failing(codes, n_classes):
+        if codes.shape[0] == n:
+            raise MemoryError("sorting every label")
+        return real(codes, n_classes)
+
+    monkeypatch.setattr(mechanism, "class_order", failing)
+    with pytest.raises(MemoryError, match="sorting every label"):
+        kr.plan(data, None, epsilon=1.0, delta=1e-5, adjacency="replace-one",
+                bounds=(np.full(2, -6.0), np.full(2, 6.0)))

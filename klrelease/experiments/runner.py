@@ -28,6 +28,7 @@ count, together with the guarantee each mechanism states, before being kept off 
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 import zlib
@@ -182,6 +183,12 @@ def run_trial(exp: Experiment, trial: int, mechs: list[MechanismSpec]) -> TrialO
     return out
 
 
+def _one_row_thread() -> None:
+    """A worker process's passes over rows on one thread (:func:`klrelease._threads.
+    row_threads`): ``jobs`` processes already share the cores."""
+    os.environ["KLRELEASE_ROW_THREADS"] = "1"
+
+
 def _run_trial_job(args) -> TrialOutcome:
     exp, trial, mechs = args
     return run_trial(exp, trial, mechs)
@@ -201,7 +208,8 @@ def run_trials(exp: Experiment, mechs: list[MechanismSpec], *, jobs: int = 1,
             if on_done is not None:
                 on_done(o)
     else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        # the worker processes share the cores: each keeps its passes over rows on one thread
+        with ProcessPoolExecutor(max_workers=jobs, initializer=_one_row_thread) as pool:
             futures = [pool.submit(_run_trial_job, (exp, t, mechs)) for t in range(exp.trials)]
             for fut in as_completed(futures):
                 o = fut.result()

@@ -231,6 +231,11 @@ class Mechanism(ABC):
         @functools.wraps(inner)
         def plan(self, data, *, epsilon, delta, **options):
             opts = self.validate_options(options)
+            # the environment's thread setting, checked before any noise (a release reads it
+            # again later, where an invalid value must not fail it)
+            from .._threads import row_threads_setting
+
+            row_threads_setting()
             return inner(self, data, epsilon=epsilon, delta=delta, **opts.as_dict())
 
         plan._validates_options = True

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._threads import beside
 from ..rows import class_blocks, column_extremes, column_sums, row_block
 
 __all__ = ["ClassMoments", "chunk_moments", "class_sums", "bounded_class_moments",
@@ -35,7 +36,8 @@ __all__ = ["ClassMoments", "chunk_moments", "class_sums", "bounded_class_moments
 def _quiet(fn):
     """Run ``fn`` with numpy's floating-point warnings off: these are private accumulations,
     and whether one overflows (rows near the float range) must not show outside the result,
-    which carries the inf or NaN for the callers' checks."""
+    which carries the inf or NaN for the callers' checks. numpy's error state belongs to a
+    thread: work handed to a second thread sets it again there."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -176,7 +178,7 @@ def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
     m = max(min(block, int(bounds[-1]) - int(bounds[0])), 1)
 
     def reduce(classes):
-        with np.errstate(all="ignore"):  # (per thread: see _quiet)
+        with np.errstate(all="ignore"):  # (a thread's own error state: see _quiet)
             if into is not None:  # the block, its scratch copy, the map's rows, ones
                 gathered, work = np.empty((m, d)), np.empty((m, d))
                 mapped, ones = np.empty((m, width)), np.ones(m)
@@ -202,8 +204,6 @@ def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
     if threads < 2 or int(bounds[-1]) - int(bounds[0]) < THREADED_ROWS or K < 2:
         reduce(range(K))
     else:
-        from concurrent.futures import ThreadPoolExecutor
-
         # the classes in two queues of about equal rows, each class whole: reduced by one
         # thread, its blocks in order, so the sums are the same, bit for bit, as on one
         sizes = np.diff(bounds)
@@ -212,9 +212,9 @@ def sorted_bounded_moments(sorted_rows: np.ndarray, bounds: np.ndarray,
             j = int(load[1] < load[0])
             queues[j].append(int(k))
             load[j] += int(sizes[k])
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="klrelease-moments") as pool:
-            for f in [pool.submit(reduce, q) for q in queues]:
-                f.result()
+        later = beside(reduce, queues[1])
+        reduce(queues[0])
+        later()
     return sums, second_m
 
 
@@ -266,19 +266,16 @@ def pooled_moments(rows: np.ndarray, extremes: bool = False, threads: int = 1):
     else:
         # the second half of the blocks on a second thread, their results kept and added
         # after the first half's, in the blocks' order: the same sums, bit for bit
-        from concurrent.futures import ThreadPoolExecutor
-
         def later_half():
-            with np.errstate(all="ignore"):  # (per thread: see _quiet)
+            with np.errstate(all="ignore"):  # (a thread's own error state: see _quiet)
                 C2 = np.empty_like(C)
                 return [part(a, C2) for a in starts[half:]]
 
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="klrelease-moments") as pool:
-            later = pool.submit(later_half)
-            for a in starts[:half]:
-                add(*part(a, C))
-            for r in later.result():
-                add(*r)
+        later = beside(later_half)
+        for a in starts[:half]:
+            add(*part(a, C))
+        for r in later():
+            add(*r)
     delta = shifted / n if n else np.zeros(d)
     mean = shift + delta
     scat -= n * np.multiply.outer(delta, delta)

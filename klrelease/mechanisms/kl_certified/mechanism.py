@@ -33,7 +33,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
-from ..._threads import blas_single_thread, row_threads
+from ..._threads import beside, blas_single_thread, row_threads
 from ...data import LabelledData
 from ...domain import SCALES, Domain, check_scales
 from ...gmm import GMM, check_gmm
@@ -44,6 +44,8 @@ from ...rows import (
     affine_clip_rows,
     affine_rows,
     class_blocks,
+    class_bounds,
+    class_order,
     clip_to_bounds,
     clip_to_norm,
     column_sums,
@@ -354,23 +356,21 @@ class _MemoryRows:
 
         def count(starts) -> np.ndarray:
             out = np.zeros((window.lo.shape[0], bins))
-            for a in starts:
-                block = (self.rows[a:a + step] if self.index is None
-                         else np.take(self.rows, self.index[a:a + step], axis=0))
-                out += histograms(block, window, bins)
+            with np.errstate(all="ignore"):  # (a thread's own error state)
+                for a in starts:
+                    block = (self.rows[a:a + step] if self.index is None
+                             else np.take(self.rows, self.index[a:a + step], axis=0))
+                    out += histograms(block, window, bins)
             return out
 
         starts = range(0, n, step)
         if row_threads() < 2 or n < _moments.THREADED_ROWS:
             return count(starts)
-        from concurrent.futures import ThreadPoolExecutor
-
         # counts: the same whichever thread adds which block
         half = len(starts) // 2
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="klrelease-counts") as pool:
-            later = pool.submit(count, starts[half:])
-            out = count(starts[:half])
-            return out + later.result()
+        later = beside(count, starts[half:])
+        out = count(starts[:half])
+        return out + later()
 
 
 @dataclass(frozen=True)
@@ -425,24 +425,26 @@ class _GatheredRows:
                  clip=None):
         self.X, self.frame, self.clip = X, frame, clip
         # the class counts now; the rows' order by class (a sort of every label, read only by
-        # the last round) on a second thread while the early stages read their sample
-        self.bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=n_classes))])
+        # the last round) on a second thread while the rest of the plan is designed. It is
+        # settled before any noise is drawn (:meth:`settle`): a sort that fails fails the
+        # plan, as it did on one thread
+        self.bounds = class_bounds(codes, n_classes)
         self._order = None
         if row_threads() > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="klrelease-sort")
-            self._sorting = pool.submit(class_blocks, codes, n_classes)
-            pool.shutdown(wait=False)  # (its thread ends with the sort)
+            self._sorting = beside(class_order, codes, n_classes)
         else:
-            self._order = class_blocks(codes, n_classes)[0]
+            self._order = class_order(codes, n_classes)
+
+    def settle(self) -> None:
+        """Wait for the rows' order (raising what its sort raised)."""
+        if self._order is None:
+            self._order = self._sorting()
+            del self._sorting
 
     @property
     def order(self) -> np.ndarray:
-        """The rows' order that groups the classes (:func:`klrelease.rows.class_blocks`)."""
-        if self._order is None:
-            self._order = self._sorting.result()[0]
-            del self._sorting
+        """The rows' order that groups the classes (:func:`klrelease.rows.class_order`)."""
+        self.settle()
         return self._order
 
     def stats(self, fn, d: int, second: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
@@ -1442,7 +1444,10 @@ class KLCertified(Mechanism):
                 del order
             else:
                 # only the last stage-C round reads every row: gathered from the raw rows as it
-                # reads them; the samples' rows alone are mapped, in their priority order
+                # reads them (their sort by class begins now, beside the rest of the plan);
+                # the samples' rows alone are mapped, in their priority order
+                if lead.shape[0] != N:
+                    rows = _GatheredRows(data.X, data.codes, K, frame, clip)
                 T = _frame_rows(data.X, frame, clip, index=lead)
                 if lead.shape[0] == N:
                     # the public row sample is every row (label flip, at most SAMPLE_ROWS):
@@ -1454,8 +1459,6 @@ class KLCertified(Mechanism):
                     at[lead] = np.arange(N)
                     rows = _MemoryRows(T, bounds, at[order])
                     del order, at
-                else:
-                    rows = _GatheredRows(data.X, data.codes, K, frame, clip)
             counts = np.diff(rows.bounds).astype(float)
             stage_a = None
             if lf:
@@ -1500,6 +1503,8 @@ class KLCertified(Mechanism):
                 del e_order
             elif lf:
                 sums = rows.stats(stage_a, d, second=False)[0]
+            if isinstance(rows, _GatheredRows):
+                rows.settle()  # the sort of every label done (or failed) before any noise
         if not lf and budget.locate <= 0 and where.startswith("the public bound,"):
             where = "the public bound"  # too few rows to locate at this budget
         pub = PublicInputs(
