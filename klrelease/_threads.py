@@ -90,7 +90,7 @@ def row_threads() -> int:
         pass
     try:
         cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # (no affinity on this platform)
+    except (AttributeError, OSError):  # (no affinity on this platform, or not readable)
         cores = os.cpu_count() or 1
     return 2 if cores >= 2 else 1
 
@@ -99,14 +99,14 @@ def beside(fn, *args):
     """Start ``fn(*args)`` on a thread of its own; return a function that waits for and
     returns its result (or raises its exception). Where no thread can be started (a process
     at its limit of threads), ``fn`` runs on the caller's thread when its result is asked
-    for: a pass over rows never fails for want of a thread. ``fn`` sets its own numpy error
-    state: a new thread starts with numpy's default, which warns."""
+    for: a pass over rows never fails for want of a thread. ``fn`` must set its own numpy
+    error state where it could warn: a new thread starts with numpy's default, which warns."""
     from concurrent.futures import ThreadPoolExecutor
 
     try:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="klrelease-rows")
         future = pool.submit(fn, *args)
-    except RuntimeError:  # can't start new thread
+    except (RuntimeError, MemoryError):  # can't start new thread
         return lambda: fn(*args)
     pool.shutdown(wait=False)  # (its thread ends with the task)
     return future.result
@@ -116,7 +116,8 @@ def in_two_halves(fn, n: int, least: int = 1 << 17):
     """``[fn(0, h), fn(h, n)]`` with ``h = n // 2``, the second half on a second thread when
     :func:`row_threads` allows two and ``n`` is at least ``least``; else ``[fn(0, n)]``. For
     passes over rows whose numpy work releases the interpreter's lock; the caller combines
-    the halves' results in their order (``fn`` sets its own numpy error state)."""
+    the halves' results in their order (``fn`` must set its own numpy error state where it
+    could warn: see :func:`beside`)."""
     if n < least or row_threads() < 2:
         return [fn(0, n)]
     h = n // 2

@@ -32,7 +32,8 @@ def gaussian_kl(m0, S0, m1, S1) -> np.ndarray:
     L1 = np.linalg.cholesky(S1)
     diff = (m1 - m0)[..., None]
     sol_m = np.linalg.solve(L1, diff)
-    quad = np.sum(sol_m**2, axis=(-2, -1))
+    with np.errstate(over="ignore"):  # (means a float range apart: inf, quietly)
+        quad = np.sum(sol_m**2, axis=(-2, -1))
     # positive definite as a release requires (a Cholesky factor, klrelease.gmm.check_gmm):
     # an LU determinant's sign can be wrong for a matrix that has one, near singular
     try:
@@ -49,7 +50,7 @@ def gaussian_kl(m0, S0, m1, S1) -> np.ndarray:
         # 1e-16); each term at least zero (rounding below it clipped)
         near = np.abs(x) < 0.5
         terms = np.where(near, x - np.log1p(np.where(near, x, 0.0)), x - 2.0 * np.log(sv))
-        terms = np.maximum(terms, 0.0)
+        terms = np.where(np.isinf(sv), np.inf, np.maximum(terms, 0.0))  # (inf - inf: NaN)
         kl = 0.5 * (np.sum(terms, axis=-1) + quad)
     # a singular value that underflowed to zero (S0 thinner than double precision can tell
     # against S1): the log-determinants of the factors instead

@@ -122,3 +122,8 @@ def test_gaussian_kl_far_from_the_reference_is_accurate_and_quiet():
             assert float(gaussian_kl(z, S0, z, S1)) == pytest.approx(
                 _textbook_kl(z, S0, z, S1), rel=1e-12)
         assert float(gaussian_kl(z[:2], 1e160 * np.eye(2), z[:2], 1e-160 * np.eye(2))) == np.inf
+        # a singular value that is itself inf, and means a float range apart
+        d = 8
+        S0 = 1.7e308 * (0.999 * np.ones((d, d)) + 0.001 * np.eye(d))
+        assert float(gaussian_kl(np.zeros(d), S0, np.zeros(d), 2.3e-308 * np.eye(d))) == np.inf
+        assert float(gaussian_kl(z[:2], np.eye(2), np.full(2, 1e200), np.eye(2))) == np.inf

@@ -1114,3 +1114,40 @@ def test_labelled_row_sample_keeps_each_rows_label():
     idx = sample_indices(5000, 600)
     np.testing.assert_array_equal(rows, X[idx])
     np.testing.assert_array_equal(got, codes[idx])
+
+
+def test_a_streamed_release_reads_on_its_own_thread_when_no_thread_can_be_started(
+        monkeypatch, tmp_path):
+    """The read-ahead thread of a chunked source, started by each pass, may be refused
+    (a process at its limit of threads): the pass then reads on the caller's thread, so a
+    release whose later passes come after noise does not fail, and releases the same values."""
+    import threading
+
+    import klrelease as kr
+    from klrelease.stream import CSVSource
+    from klrelease.stream.sources import _prefetched
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(3000, 3))
+    y = rng.integers(0, 2, 3000)
+    path = tmp_path / "rows.csv"
+    np.savetxt(path, np.column_stack([X, y]), delimiter=",", header="a,b,c,label",
+               comments="", fmt=["%.17g"] * 3 + ["%d"])
+    source = CSVSource(path, label_column="label", classes=[0, 1])
+    bounds = (np.full(3, -6.0), np.full(3, 6.0))
+    plan = kr.plan(source, None, epsilon=1.0, delta=1e-5, adjacency="replace-one",
+                   bounds=bounds)
+    want = plan.draw(np.random.default_rng(1))
+
+    def refuse(self):
+        if self.name == "klrelease-prefetch":
+            raise RuntimeError("can't start new thread")
+        return start(self)
+
+    start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    assert list(_prefetched(iter(range(7)))) == list(range(7))
+    got = plan.draw(np.random.default_rng(1))
+    for a, b in ((want.weights, got.weights), (want.means, got.means),
+                 (want.covariances, got.covariances)):
+        np.testing.assert_array_equal(b, a)

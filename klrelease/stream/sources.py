@@ -390,7 +390,8 @@ def _joined(parts: list) -> tuple:
 def _prefetched(chunks: Iterator, depth: int = 2) -> Iterator:
     """The items of ``chunks``, produced on a second thread up to ``depth`` items ahead (in
     the same order). An exception of the producer is raised here, where the item would have
-    been; when the consumer stops early, the producer stops and closes ``chunks``."""
+    been; when the consumer stops early, the producer stops and closes ``chunks``. Where no
+    thread can be started, the items are read on the caller's thread."""
     import queue
     import threading
 
@@ -417,7 +418,12 @@ def _prefetched(chunks: Iterator, depth: int = 2) -> Iterator:
                 close()
 
     thread = threading.Thread(target=produce, name="klrelease-prefetch", daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except (RuntimeError, MemoryError):  # no thread to be had: read on this one (a pass after
+        # noise must not fail for want of a thread)
+        yield from chunks
+        return
     try:
         while True:
             item, exc = q.get()
