@@ -400,3 +400,33 @@ def test_a_failed_sort_of_the_labels_fails_the_plan_not_the_release(monkeypatch)
     with pytest.raises(MemoryError, match="sorting every label"):
         kr.plan(data, None, epsilon=1.0, delta=1e-5, adjacency="replace-one",
                 bounds=(np.full(2, -6.0), np.full(2, 6.0)))
+
+
+def test_class_posteriors_on_two_threads_are_the_one_thread_ones(monkeypatch):
+    """Label flip: the public rows' posteriors with each class's own covariance, the classes
+    shared by two threads, equal the one-thread posteriors bit for bit; a covariance without
+    a Cholesky factor still gives the fallback."""
+    import klrelease as kr
+    from klrelease.mechanisms.kl_certified import design
+
+    rng = np.random.default_rng(6)
+    n, d, K_ = 5000, 4, 5
+    X = rng.normal(size=(n, d)) * [1.0, 3.0, 0.5, 10.0]
+    y = rng.integers(0, K_, n)
+    p = kr.plan(kr.as_labelled_data(X, y, classes=range(K_)), None, epsilon=1.0, delta=1e-5,
+                adjacency="label-flip", design="gaussian")
+    pub = p.public
+    counts = np.bincount(y, minlength=K_).astype(float)
+    means = rng.normal(size=(K_, d))
+    covs = np.stack([np.diag(rng.uniform(0.5, 2.0, d)) for _ in range(K_)])
+    monkeypatch.setattr(design, "POSTERIOR_THREADED_ROWS", 10**12)
+    one = design.class_responsibilities(pub, counts, means, covs, None)
+    monkeypatch.setattr(design, "POSTERIOR_THREADED_ROWS", 16)
+    if design.row_threads() < 2:
+        pytest.skip("one core, or KLRELEASE_ROW_THREADS=1: no second thread")
+    two = design.class_responsibilities(pub, counts, means, covs, None)
+    np.testing.assert_array_equal(two, one)
+    bad = covs.copy()
+    bad[3] = -np.eye(d)
+    fallback = np.full_like(one, 0.5)
+    assert design.class_responsibilities(pub, counts, means, bad, fallback) is fallback

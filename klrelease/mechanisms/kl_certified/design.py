@@ -44,6 +44,7 @@ from scipy.linalg import lapack, solve_triangular
 from scipy.special import gammaln
 from scipy.stats import chi2
 
+from ..._threads import THREADED_FROM, beside, row_threads
 from ...linalg import combine_one, vech
 from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.projections import project_simplex
@@ -823,6 +824,12 @@ def responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     return R / R.sum(axis=1, keepdims=True)
 
 
+#: Public rows from which :func:`class_responsibilities` shares its classes between two
+#: threads (in memory, where the process may use two cores: :func:`klrelease._threads.
+#: row_threads`; below :data:`klrelease._threads.THREADED_FROM` features, where BLAS runs on one).
+POSTERIOR_THREADED_ROWS = 1 << 14
+
+
 def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
                            covs: np.ndarray, fallback: np.ndarray | None) -> np.ndarray | None:
     """Label flip: each public row's posterior over the classes under the released model with
@@ -837,8 +844,10 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     L = np.empty((T.shape[0], len(n)))
     d = pub.n_features
     step = row_block(d)
-    try:
-        for k in range(len(n)):
+
+    def log_densities(classes) -> None:
+        """Columns ``classes`` of L (each class's column computed whole, then stored)."""
+        for k in classes:
             ch = np.linalg.cholesky(0.5 * (covs[k] + covs[k].T))
             # z = ch^-1 (t - m_k) for every row: one product with the factor's inverse per
             # block of rows (a matrix product, several times faster than a triangular solve
@@ -850,14 +859,25 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
             dt = (single_precision(pub, means[k], inv_t)
                   if float(dg.max()) <= POSTERIOR_SPREAD * float(dg.min()) else np.float64)
             inv_t, m = inv_t.astype(dt), means[k].astype(dt)
-            L[:, k] = lw[k] - np.log(dg).sum()
+            col = np.full(T.shape[0], lw[k] - np.log(dg).sum())
             with np.errstate(all="ignore"):  # an overflow is caught as a non-finite L below
                 for a in range(0, T.shape[0], step):
                     z = T[a:a + step].astype(dt)  # (a copy: centred in place)
                     z -= m
                     z = z @ inv_t
-                    L[a:a + step, k] -= 0.5 * np.einsum("ij,ij->i", z, z)
+                    col[a:a + step] -= 0.5 * np.einsum("ij,ij->i", z, z)
                     del z
+            L[:, k] = col
+
+    K = len(n)
+    try:
+        if (K < 2 or T.shape[0] < POSTERIOR_THREADED_ROWS or d >= THREADED_FROM
+                or row_threads() < 2):
+            log_densities(range(K))
+        else:  # the classes on two threads: each column is the one-thread column
+            later = beside(log_densities, range(1, K, 2))
+            log_densities(range(0, K, 2))
+            later()
     except np.linalg.LinAlgError:
         return fallback
     if getattr(pub, "public_index", None) is not None:
