@@ -424,9 +424,20 @@ def test_class_posteriors_on_two_threads_are_the_one_thread_ones(monkeypatch):
     monkeypatch.setattr(design, "POSTERIOR_THREADED_ROWS", 16)
     if design.row_threads() < 2:
         pytest.skip("one core, or KLRELEASE_ROW_THREADS=1: no second thread")
+    calls = []
+    real_beside = design.beside
+    monkeypatch.setattr(design, "beside", lambda *a: calls.append(a) or real_beside(*a))
     two = design.class_responsibilities(pub, counts, means, covs, None)
+    assert calls  # the second thread was used
     np.testing.assert_array_equal(two, one)
-    bad = covs.copy()
-    bad[3] = -np.eye(d)
     fallback = np.full_like(one, 0.5)
-    assert design.class_responsibilities(pub, counts, means, bad, fallback) is fallback
+    import warnings
+
+    for k in (0, 3):  # a class of the caller's thread, and one of the second thread
+        for value in (-np.eye(d), np.full((d, d), 1e308)):
+            bad = covs.copy()
+            bad[k] = value
+            with warnings.catch_warnings():  # no warning from either thread's error state
+                warnings.simplefilter("error")
+                assert design.class_responsibilities(pub, counts, means, bad,
+                                                     fallback) is fallback

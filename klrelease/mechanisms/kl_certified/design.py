@@ -846,28 +846,30 @@ def class_responsibilities(pub: PublicInputs, n: np.ndarray, means: np.ndarray,
     step = row_block(d)
 
     def log_densities(classes) -> None:
-        """Columns ``classes`` of L (each class's column computed whole, then stored)."""
-        for k in classes:
-            ch = np.linalg.cholesky(0.5 * (covs[k] + covs[k].T))
-            # z = ch^-1 (t - m_k) for every row: one product with the factor's inverse per
-            # block of rows (a matrix product, several times faster than a triangular solve
-            # with many right-hand sides), in single precision where it cannot overflow
-            inv_t = _lower_inverse(ch).T
-            # single precision only for a well-conditioned covariance: its rounding, about
-            # 6e-8 of a row, grows by the factor's largest over its smallest scale in z
-            dg = np.diag(ch)
-            dt = (single_precision(pub, means[k], inv_t)
-                  if float(dg.max()) <= POSTERIOR_SPREAD * float(dg.min()) else np.float64)
-            inv_t, m = inv_t.astype(dt), means[k].astype(dt)
-            col = np.full(T.shape[0], lw[k] - np.log(dg).sum())
-            with np.errstate(all="ignore"):  # an overflow is caught as a non-finite L below
+        """Columns ``classes`` of L (each class's column computed whole, then stored), under
+        this thread's own error state: an overflow is caught as a non-finite L below."""
+        with np.errstate(all="ignore"):
+            for k in classes:
+                ch = np.linalg.cholesky(0.5 * (covs[k] + covs[k].T))
+                # z = ch^-1 (t - m_k) for every row: one product with the factor's inverse per
+                # block of rows (a matrix product, several times faster than a triangular
+                # solve with many right-hand sides), in single precision where it cannot
+                # overflow
+                inv_t = _lower_inverse(ch).T
+                # single precision only for a well-conditioned covariance: its rounding, about
+                # 6e-8 of a row, grows by the factor's largest over its smallest scale in z
+                dg = np.diag(ch)
+                dt = (single_precision(pub, means[k], inv_t)
+                      if float(dg.max()) <= POSTERIOR_SPREAD * float(dg.min()) else np.float64)
+                inv_t, m = inv_t.astype(dt), means[k].astype(dt)
+                col = np.full(T.shape[0], lw[k] - np.log(dg).sum())
                 for a in range(0, T.shape[0], step):
                     z = T[a:a + step].astype(dt)  # (a copy: centred in place)
                     z -= m
                     z = z @ inv_t
                     col[a:a + step] -= 0.5 * np.einsum("ij,ij->i", z, z)
                     del z
-            L[:, k] = col
+                L[:, k] = col
 
     K = len(n)
     try:
