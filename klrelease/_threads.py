@@ -1,4 +1,5 @@
-"""Single-threaded BLAS for code that works on many small matrices.
+"""Threads: single-threaded BLAS for code that works on many small matrices, and two
+threads for passes over rows in memory.
 
 The certified design works on d x d matrices and per-class blocks: threaded BLAS only adds
 synchronisation there, which costs an order of magnitude when the cores are busy with other
@@ -8,6 +9,11 @@ for threads to pay, and BLAS is left as it is (measured on 2 cores, kl-certified
 d = 250 0.35 s on one thread, 0.39 s threaded; d = 500 1.38 / 1.11 s; d = 1000 6.8 / 4.5 s).
 Threaded BLAS may round differently with a different number of cores, so from that width a
 seeded release is reproducible to rounding, not bit for bit, across machines.
+
+Passes over rows in memory (:func:`row_threads`, :func:`beside`, :func:`in_two_halves`) share
+their work between two threads only in ways that give the one-thread result bit for bit
+(whole classes, or halves whose partial results are combined in order), never fail for want
+of a thread, and set numpy's error state in each thread.
 """
 
 from __future__ import annotations

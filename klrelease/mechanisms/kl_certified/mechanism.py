@@ -33,7 +33,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
-from ..._threads import beside, blas_single_thread, row_threads
+from ..._threads import beside, blas_single_thread, in_two_halves, row_threads
 from ...data import LabelledData
 from ...domain import SCALES, Domain, check_scales
 from ...gmm import GMM, check_gmm
@@ -364,13 +364,11 @@ class _MemoryRows:
             return out
 
         starts = range(0, n, step)
-        if row_threads() < 2 or n < _moments.THREADED_ROWS:
+        if n < _moments.THREADED_ROWS:
             return count(starts)
-        # counts: the same whichever thread adds which block
-        half = len(starts) // 2
-        later = beside(count, starts[half:])
-        out = count(starts[:half])
-        return out + later()
+        # the blocks in two halves (counts: the same whichever thread adds which block)
+        halves = in_two_halves(lambda i, j: count(starts[i:j]), len(starts), least=2)
+        return halves[0] if len(halves) == 1 else halves[0] + halves[1]
 
 
 @dataclass(frozen=True)
