@@ -63,6 +63,56 @@ def test_the_oracle_bound_study_runs_from_its_command(tmp_path, capsys):
     assert set(kl) == {20.0, 1000.0} and kl[1000.0] < kl[20.0]
 
 
+def test_the_bias_floor_study_runs_from_its_command(tmp_path, capsys):
+    """The quick study: Iris and the synthetic setting, both relations, eps 5 and 1000; every
+    cell has its E[KL] and its noise-free KL, and both fall from eps 5 to 1000."""
+    import csv
+
+    assert main(["experiment", "bias-floor", "--quick", "--draws", "2", "--out",
+                 str(tmp_path)]) == 0
+    folder = tmp_path / "certified"
+    text = (folder / "bias_floor.md").read_text()
+    assert f"klrelease experiment bias-floor --quick --draws 2 --out {tmp_path}" in text
+    assert "2 sets of the `certified` study and 0 held-out ones" in text
+    with (folder / "bias_floor.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 2 * 2 * 2
+    cell = {(r["dataset"], r["relation"], float(r["epsilon"])): r for r in rows}
+    for name in ("iris", "synthetic"):
+        for relation in ("label-flip", "replace-one"):
+            lo, hi = cell[(name, relation, 5.0)], cell[(name, relation, 1000.0)]
+            assert float(hi["kl"]) < float(lo["kl"])
+            assert 0 <= float(hi["zero_noise_kl"]) < float(lo["zero_noise_kl"])
+
+
+def test_zero_noise_draws_the_exact_statistics():
+    """A plan drawn with ``ZeroNoise`` releases the exact counts (no noise anywhere in the
+    Gaussian design: the same release twice); the response design, which draws labels, is
+    refused."""
+    import warnings
+
+    import numpy as np
+
+    from klrelease import load_dataset, plan
+    from klrelease.experiments.certified import ZeroNoise, _box
+
+    iris = load_dataset("iris")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for kw in ({"adjacency": "replace-one", "bounds": _box(iris.X, 1.5)},
+                   {"design": "gaussian"}):
+            p = plan(iris.X, iris.codes, epsilon=5.0, delta=1e-5, classes=range(3), **kw)
+            out = p.sample(ZeroNoise())
+            np.testing.assert_array_equal(out["counts"], np.bincount(iris.codes))
+            a, b = p.draw(ZeroNoise()), p.draw(ZeroNoise())
+            np.testing.assert_array_equal(a.covariances, b.covariances)
+            assert not np.array_equal(a.means, p.draw(np.random.default_rng(0)).means)
+        r = plan(iris.X, iris.codes, epsilon=5.0, delta=1e-5, classes=range(3),
+                 design="response")
+        with pytest.raises(TypeError, match="ZeroNoise draws only standard normals"):
+            r.draw(ZeroNoise())
+
+
 def test_the_rate_in_n_study_runs_from_its_command(tmp_path, capsys):
     """The quick study: Gaussian classes at N = 1e3 and 1e4; stage T is off at 1e3 (the same
     release both ways) and on at 1e4, and E[KL] falls with N."""

@@ -86,13 +86,14 @@ def _extra_experiments() -> dict:
             "heldout-sweep": _certified_study("heldout-sweep", "run_heldout_sweep",
                                               "heldout_sweep.md"),
             "heldout-loose": _certified_study("heldout-loose", "run_heldout_loose",
-                                              "heldout_loose.md")}
+                                              "heldout_loose.md"),
+            "bias-floor": _certified_study("bias-floor", "run_bias_floor", "bias_floor.md")}
 
 
 #: Options that only some studies take: option -> the studies that take it.
 STUDY_OPTIONS = {"--time-limit": ("solver-study",),
                  "--draws": ("certified", "loose-bounds", "oracle-bound", "rate-in-n", "heldout",
-                             "heldout-sweep", "heldout-loose")}
+                             "heldout-sweep", "heldout-loose", "bias-floor")}
 
 
 def report_outcomes(rows: list[dict]) -> None:
@@ -135,7 +136,7 @@ def experiment_command(
         help="fig1..fig13, or a study: ppe-regimes, learners-regimes, learners-speed, "
              "information-limit, "
              "solver-study, certified, loose-bounds, oracle-bound, rate-in-n, heldout, "
-             "heldout-sweep, heldout-loose")],
+             "heldout-sweep, heldout-loose, bias-floor")],
     quick: Annotated[bool, typer.Option("--quick", metavar="",
                                         help="a reduced run for CI (seconds)")] = False,
     trials: Annotated[int | None, typer.Option(
@@ -148,8 +149,9 @@ def experiment_command(
     ] = None,
     draws: Annotated[int | None, typer.Option(
         "--draws", help="certified, loose-bounds, oracle-bound, rate-in-n, heldout, "
-                        "heldout-sweep, heldout-loose: Monte Carlo draws per cell (defaults "
-                        "100, 40, 20, 10, 8, 8 and 8; with --quick 10, 4, 3, 2, 2, 2 and 2)")
+                        "heldout-sweep, heldout-loose, bias-floor: Monte Carlo draws per cell "
+                        "(defaults 100, 40, 20, 10, 8, 8, 8 and 8; with --quick 10, 4, 3, 2, 2, "
+                        "2, 2 and 2)")
     ] = None,
 ):
     """Reproduce one of the paper's figures, or a study: CSV of every trial, PNG and JSON."""
