@@ -931,8 +931,9 @@ def test_class_responsibilities_match_their_definition(monkeypatch):
 @pytest.mark.parametrize("single", [True, False])
 def test_tail_corrections_and_public_shapes_match_their_definitions(single, monkeypatch):
     """The clipped rows' corrections (only rows of non-zero posterior, only clipped rows, one
-    Gram of ``(1 - ||v||^2/||u||^2) u u^T``) and the public class shapes (a Gram of the
-    rows scaled by the root of their posterior) equal the sums over every row."""
+    Gram of ``(1 - ||v||^2/||u||^2) u u^T``, each row counted at most ``tail_reach g^2 r``
+    out) and the public class shapes (a Gram of the rows scaled by the root of their
+    posterior) equal the sums over every row."""
     X, y = _classes3(4000, d=6)
     X[::37] *= 5.0  # rows far out: clipped
     p = kr.plan(X, y, epsilon=2.0, delta=1e-6, classes=[0, 1, 2], design="gaussian")
@@ -950,8 +951,10 @@ def test_tail_corrections_and_public_shapes_match_their_definitions(single, monk
     shapes = design.public_shapes(pub, resp, first["m1"], first["pooled"])
     scale = pub.n_samples / T.shape[0]
     for k in range(3):
-        U = (T - reg.centres[k]) @ reg.W[k]
-        V = clip_to_norm(U, reg.radius[k])
+        r = reg.radius[k]
+        reach = design.SETTINGS["tail_reach"] * max(r / pub.region_radius, 1.0) ** 2 * r
+        U = clip_to_norm((T - reg.centres[k]) @ reg.W[k], reach)
+        V = clip_to_norm(U, r)
         w = resp[:, k:k + 1] * scale
         assert np.any(np.any(U != V, axis=1))
         np.testing.assert_allclose(E1[k], np.sum(w * (U - V), axis=0), rtol=0,
@@ -1469,3 +1472,36 @@ def test_label_flip_tail_corrections_do_not_give_a_small_class_the_far_rows_of_a
         p = kr.plan(X, y, classes=[0, 1, 2], epsilon=eps, delta=1e-5, design="gaussian")
         kl[eps] = kr.expected_kl(p, ref, n_draws=8, seed=0).mean
     assert kl[10.0] < 0.7 * kl[2.0], kl
+
+
+def test_a_far_public_row_cannot_widen_another_class_without_bound(monkeypatch):
+    """Label flip: one row of class 0 lies 400 standard deviations out. Its posterior under
+    the released model is decided by the classes' Gaussian tails and gives it to the wider
+    class 1, whose tail corrections then counted its whole distance: class 1's released
+    variance along it was 150x its fit's, E[KL] 35-52 (eps 0.5-2). A row counts at most
+    ``tail_reach`` radii out (times the radius' growth squared), so the wrong class is widened
+    by a bounded amount: E[KL] below 4."""
+    import klrelease
+    from klrelease.mechanisms.kl_certified import design
+
+    rng = np.random.default_rng(3)
+    X = np.vstack([rng.normal(size=(400, 2)), rng.normal(size=(400, 2)) * 1.3 + [0.5, 0.0]])
+    y = np.repeat([0, 1], 400)
+    X[0] = [400.0, 0.0]
+    fit = klrelease.fit_gmm(X, y, classes=[0, 1])
+
+    def release(eps):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            p = klrelease.plan(X, y, epsilon=eps, delta=1e-5, classes=[0, 1],
+                               design="gaussian")
+            draws = [p.draw(np.random.default_rng(s)) for s in range(4)]
+        return (np.mean([g.covariances[1][0, 0] for g in draws]),
+                np.mean([klrelease.kl_divergence(g, fit) for g in draws]))
+
+    for eps in (0.5, 1.0, 2.0):
+        var1, kl = release(eps)
+        assert var1 < 20 * fit.covariances[1][0, 0] and kl < 4.0, (eps, var1, kl)
+    monkeypatch.setitem(design.SETTINGS, "tail_reach", np.inf)
+    var1, kl = release(2.0)
+    assert var1 > 100 * fit.covariances[1][0, 0] and kl > 10.0

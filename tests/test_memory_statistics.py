@@ -185,7 +185,10 @@ def test_frame_scatter_is_the_scatter_of_the_frame_rows():
 @pytest.mark.parametrize("radius", [0.0, 0.8, 2.0, np.inf])
 def test_tail_corrections_match_reference(radius, single, monkeypatch):
     """Only rows the clip moves add to the tail corrections: the same as summing all rows
-    (to float32's rounding where the products run in single precision, exactly in double)."""
+    (to float32's rounding where the products run in single precision, exactly in double),
+    each row counted at most ``tail_reach g^2 r`` from the centre (here g = 1 at radius 0.8:
+    the t(3) rows beyond 2.4 count at 2.4; g = 2 at radius 2.0, the reach 24; a zero radius
+    reaches nowhere)."""
     from types import SimpleNamespace
 
     from klrelease.mechanisms.kl_certified import design
@@ -201,10 +204,15 @@ def test_tail_corrections_match_reference(radius, single, monkeypatch):
                           W=np.stack([np.eye(D) * rng.uniform(0.5, 2) for _ in range(K)]),
                           radius=np.full(K, radius))
     pub = SimpleNamespace(public_rows=T, n_classes=K, n_features=D, n_samples=10 * T.shape[0],
-                          _cache={})
+                          _cache={}, settings=dict(design.SETTINGS), region_radius=1.0)
     E1, E2 = tail_corrections(pub, reg, resp)
+    reach = design.SETTINGS["tail_reach"] * max(radius, 1.0) ** 2 * radius
+    capped = 0
     for k in range(K):
         U = (T - reg.centres[k]) @ reg.W[k]
+        norms = np.linalg.norm(U, axis=1)
+        capped += int(np.sum(norms > reach))
+        U = clip_to_norm(U, reach) if reach > 0 else np.zeros_like(U)
         V = clip_to_norm(U, radius)
         w = resp[:, k:k + 1] * 10.0
         ref1, ref2 = np.sum(w * (U - V), axis=0), (U * w).T @ U - (V * w).T @ V
@@ -212,6 +220,8 @@ def test_tail_corrections_match_reference(radius, single, monkeypatch):
                                    atol=rtol * max(np.abs(ref1).max(), 1e-8))
         np.testing.assert_allclose(E2[k], ref2, rtol=0,
                                    atol=rtol * max(np.abs(ref2).max(), 1e-7))
+    if radius == 0.8:
+        assert capped > 0  # the reach bound some rows
 
 
 @pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 1000, 4097])
