@@ -1474,13 +1474,14 @@ def test_label_flip_tail_corrections_do_not_give_a_small_class_the_far_rows_of_a
     assert kl[10.0] < 0.7 * kl[2.0], kl
 
 
-def test_a_far_public_row_cannot_widen_another_class_without_bound(monkeypatch):
+def test_a_far_public_row_widens_another_class_boundedly_at_small_budgets(monkeypatch):
     """Label flip: one row of class 0 lies 400 standard deviations out. Its posterior under
     the released model is decided by the classes' Gaussian tails and gives it to the wider
     class 1, whose tail corrections then counted its whole distance: class 1's released
     variance along it was 150x its fit's, E[KL] 35-52 (eps 0.5-2). A row counts at most
-    ``tail_reach`` radii out (times the radius' growth squared), so the wrong class is widened
-    by a bounded amount: E[KL] below 4."""
+    ``tail_reach`` radii out (times the radius' growth squared), so at these budgets the
+    wrong class is widened by a bounded amount: E[KL] below 4. (The reach grows with the
+    budget: here E[KL] is about 5 at eps 20 and 8 at eps 100, the limit the README states.)"""
     import klrelease
     from klrelease.mechanisms.kl_certified import design
 

@@ -224,6 +224,34 @@ def test_tail_corrections_match_reference(radius, single, monkeypatch):
         assert capped > 0  # the reach bound some rows
 
 
+def test_tail_corrections_count_rows_beyond_the_float_range_at_the_reach():
+    """A row whose squared norm overflows (1e200 along (1, 1)), or that is infinite in the
+    region's coordinates (1e308 times 2), counts at the reach in its own direction: finite
+    corrections, the same as a row just beyond the reach in that direction."""
+    from types import SimpleNamespace
+
+    from klrelease.mechanisms.kl_certified import design
+
+    def corrections(row):
+        T = np.array([row, [0.1, 0.0]])
+        reg = SimpleNamespace(centres=np.zeros((1, 2)), W=np.eye(2)[None] * 2.0,
+                              radius=np.array([1.0]))
+        pub = SimpleNamespace(public_rows=T, n_classes=1, n_features=2, n_samples=2,
+                              _cache={}, settings=dict(design.SETTINGS), region_radius=1.0)
+        return tail_corrections(pub, reg, np.ones((2, 1)))
+
+    reach = design.SETTINGS["tail_reach"]
+    near = corrections([reach, reach])  # 2 reach sqrt(2) out: beyond the reach
+    for row in ([1e200, 1e200], [1e308, 1e308]):
+        E1, E2 = corrections(row)
+        assert np.all(np.isfinite(E1)) and np.all(np.isfinite(E2))
+        np.testing.assert_allclose(E1, near[0], rtol=1e-6)  # float32 products
+        np.testing.assert_allclose(E2, near[1], rtol=1e-6)
+    u = np.full(2, reach / np.sqrt(2.0))  # at the reach along (1, 1)
+    np.testing.assert_allclose(near[1][0], np.outer(u, u) * (1.0 - 1.0 / reach**2),
+                               rtol=1e-6)
+
+
 @pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 1000, 4097])
 def test_column_extremes(n):
     from klrelease.rows import column_extremes
