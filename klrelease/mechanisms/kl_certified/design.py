@@ -48,7 +48,7 @@ from ..._threads import THREADED_FROM, beside, row_threads
 from ...linalg import combine_one, vech
 from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.projections import project_simplex
-from ...rows import affine_rows, row_block
+from ...rows import affine_rows, clip_to_norm, row_block
 
 __all__ = [
     "Budget",
@@ -984,20 +984,6 @@ def public_shape(pub: PublicInputs, resp: np.ndarray, means: np.ndarray, pooled:
     return o
 
 
-def _unit_rows(U: np.ndarray) -> np.ndarray:
-    """Each row's direction (unit norm), from the row divided by its largest entry, so that a
-    row whose sum of squares overflows keeps its direction; a row with an infinite entry
-    points along the signs of its infinite entries."""
-    with np.errstate(all="ignore"):
-        m = np.max(np.abs(U), axis=1)
-        V = np.divide(U, m[:, None], out=np.zeros_like(U), where=(m > 0)[:, None])
-        inf = ~np.isfinite(m)
-        if np.any(inf):
-            V[inf] = np.where(np.isinf(U[inf]), np.sign(U[inf]), 0.0)
-        n = np.sqrt(np.einsum("ij,ij->i", V, V))
-        return np.divide(V, n[:, None], out=np.zeros_like(V), where=(n > 0)[:, None])
-
-
 def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     """Label flip: what the clip removed from each class's sums and second moments, estimated
     from the public rows given to the class by their posterior (region coordinates, each row
@@ -1040,12 +1026,12 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
                 # scales u by f = r / ||u||: u - v = (1 - f) u, u u^T - v v^T = (1 - f^2) u u^T
                 out = np.flatnonzero(q > r * r)
                 U = U[out]
-                # a row beyond the reach counts at the reach, in its own direction (taken from
-                # the row scaled by its largest entry: finite where q overflowed)
+                # a row beyond the reach counts at the reach, in its own direction (the
+                # projection onto the ball: without overflow where q overflowed)
                 at = np.sqrt(q[out])
                 big = ~(at <= far)
                 if np.isfinite(far) and np.any(big):
-                    U[big] = _unit_rows(U[big]) * U.dtype.type(far)
+                    U[big] = clip_to_norm(U[big], far)
                     at[big] = far
                 f = np.divide(r, at, out=np.ones_like(at), where=at > 0)
                 w = resp[b[out], k] * (scale if rows is None else rows[b[out]])
