@@ -750,6 +750,13 @@ def _heldout_markdown(rows, draws, command) -> str:
 SWEEP_EPSILONS = (1.0, 2.0, 5.0, 20.0, 100.0, 1000.0)
 
 
+def _relation_data(X: np.ndarray, y: np.ndarray, K: int, relation: str):
+    """The sweeps' data under ``relation``: every declared class, no size refusal, and under
+    replace-one the public box 1.5 times each feature's range."""
+    return as_labelled_data(X, y, classes=range(K), min_class_size=0,
+                            bounds=_box(X, 1.5) if relation == "replace-one" else None)
+
+
 def run_heldout_sweep(out: Path, *, quick: bool = False, trials: int | None = None,
                       log=print) -> Path:
     """kl-certified on the held-out sets under both relations over eps; write
@@ -760,8 +767,7 @@ def run_heldout_sweep(out: Path, *, quick: bool = False, trials: int | None = No
     rows = []
     for name, X, y, K, ref in _heldout_sets(quick):
         for relation in ("label-flip", "replace-one"):
-            data = as_labelled_data(X, y, classes=range(K), min_class_size=0,
-                                    bounds=_box(X, 1.5) if relation == "replace-one" else None)
+            data = _relation_data(X, y, K, relation)
             for eps in epsilons:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -1012,8 +1018,7 @@ def run_bias_floor(out: Path, *, quick: bool = False, trials: int | None = None,
     for group, name, X, y, K, ref in _bias_sets(quick):
         for relation in ("label-flip", "replace-one"):
             lf = relation == "label-flip"
-            data = as_labelled_data(X, y, classes=range(K), min_class_size=0,
-                                    bounds=None if lf else _box(X, 1.5))
+            data = _relation_data(X, y, K, relation)
             for eps in epsilons:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
