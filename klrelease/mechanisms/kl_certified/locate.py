@@ -40,7 +40,8 @@ from scipy.stats import norm
 
 from ...rows import clip_to_bounds
 
-__all__ = ["LOCATE", "Window", "Located", "histograms", "occupied", "located_from", "unplaced",
+__all__ = ["LOCATE", "Window", "Located", "histograms", "occupied", "runs", "located_from",
+           "unplaced",
            "threshold_z", "first_window", "second_window", "located_frame", "in_bound",
            "spread_scale",
            "spilled"]
@@ -58,6 +59,13 @@ LOCATE = {
     # standard deviations of the first round's counts inside it) widens the located scale
     "spilled": 0.1,
     "spilled_z": 4.0,
+    # first round: a feature none of whose bins holds half the rows above the threshold (a
+    # few hundred rows in a loose bound fall in two or three bins, each below it) is placed by
+    # a run of consecutive bins instead (:func:`runs`): half the rows within a core of a few
+    # bins, then every row, up to one noise sd of the run's sum, within a run of at most
+    # bins / run_span bins around it
+    "run_span": 8,
+    "run_false_rate": 0.01,  # chance that a core of noise alone passes its threshold
     # the shares tried, least first: a geometric ladder of this many points from the base
     # share (``locate_share``) to ``locate_max`` (``mechanism.release_budget``); a share above
     # the base one must locate the rows with this margin (``can_locate``)
@@ -130,20 +138,74 @@ def histograms(T: np.ndarray, window: Window, bins: int) -> np.ndarray:
     return np.bincount(idx.ravel(), minlength=d * bins).reshape(d, bins).astype(float)
 
 
-def occupied(noisy: np.ndarray, window: Window, threshold: float, n_samples: int) -> Window:
+def occupied(noisy: np.ndarray, window: Window, threshold: float, n_samples: int,
+             sd: float | None = None) -> Window:
     """The span of the bins whose noisy count exceeds ``threshold``, widened by one bin on
-    each side (within ``window``). The whole window for a feature where the kept counts do not
-    reach ``mass * N`` (``N`` is public): a few dense bins, or a false positive, never shrink
-    the window onto a fraction of the rows."""
+    each side (within ``window``). Where the kept counts of a feature do not reach
+    ``mass * N`` (``N`` is public), the run of bins that :func:`runs` finds when the counts'
+    noise ``sd`` is given (the first round), widened the same way; else, or where no run
+    holds the rows, the whole window: a few dense bins, or a false positive, never shrink the
+    window onto a fraction of the rows."""
     d, bins = noisy.shape
     w = window.width(bins)
     lo, hi = window.lo.copy(), window.hi.copy()
+    spans = {}
     for j in range(d):
         on = np.flatnonzero(noisy[j] > threshold)
         if on.size and noisy[j, on].sum() >= LOCATE["mass"] * n_samples:
-            lo[j] = max(window.lo[j], window.lo[j] + (on[0] - 1) * w[j])
-            hi[j] = min(window.hi[j], window.lo[j] + (on[-1] + 2) * w[j])
+            spans[j] = (on[0], on[-1] + 1)
+    if sd is not None and len(spans) < d:
+        missing = [j for j in range(d) if j not in spans]
+        spans.update(runs(noisy[missing], sd, n_samples, features=missing, d=d))
+    for j, (a, b) in spans.items():
+        lo[j] = max(window.lo[j], window.lo[j] + (a - 1) * w[j])
+        hi[j] = min(window.hi[j], window.lo[j] + (b + 1) * w[j])
     return Window(lo, hi)
+
+
+def runs(noisy: np.ndarray, sd: float, n_samples: int, features=None,
+         d: int | None = None) -> dict[int, tuple[int, int]]:
+    """Runs of consecutive bins ``[a, b)`` that hold a feature's rows (post-processing of one
+    round's noisy counts, ``sd`` their noise; keyed by ``features``, default ``0..``).
+
+    A few hundred rows in a bound a hundred times wider than the data fall in two or three
+    of the first round's 256 bins, none of which need pass the threshold alone; their sum,
+    whose noise is only ``sqrt(width)`` times a bin's, does. For widths ``m = 2, 4, ...``
+    with ``3 m`` at most ``bins / run_span``, the run of ``m`` bins with the largest noisy sum
+    is the core if that sum reaches ``mass * N`` and exceeds its own threshold
+    (``threshold_z`` at ``run_false_rate`` over the ``d * bins`` runs of every width tried,
+    times ``sd sqrt(m)``). The core is then widened
+    by ``m``, ``2 m``, ``4 m``, ... bins on each side until the run's noisy sum is within one
+    noise sd of ``N`` (every row inside, up to noise), while it spans at most
+    ``bins / run_span`` bins; a feature whose rows need a wider run (spread over the bound,
+    or a narrow peak with a long tail) gets none. ``d``: the number of features the
+    threshold's Bonferroni count is over (default: the rows of ``noisy``)."""
+    k_feat, bins = noisy.shape
+    features = range(k_feat) if features is None else features
+    span = bins // LOCATE["run_span"]
+    widths = [m for m in 2 ** np.arange(1, 16) if 3 * m <= span]
+    if not widths:
+        return {}
+    z = threshold_z(d or k_feat, bins * len(widths), LOCATE["run_false_rate"])
+    c = np.concatenate([np.zeros((k_feat, 1)), np.cumsum(noisy, axis=1)], axis=1)
+    out = {}
+    for row, j in enumerate(features):
+        for m in widths:
+            sums = c[row, m:] - c[row, :-m]
+            i = int(np.argmax(sums))
+            if sums[i] <= z * sd * np.sqrt(m) or sums[i] < LOCATE["mass"] * n_samples:
+                continue
+            grow = m
+            while True:
+                a, b = max(i - grow, 0), min(i + m + grow, bins)
+                if b - a > span:
+                    break
+                if c[row, b] - c[row, a] >= n_samples - sd * np.sqrt(b - a):
+                    out[j] = (a, b)
+                    break
+                grow *= 2
+            break
+    return out
 
 
 @dataclass(frozen=True)
@@ -253,7 +315,7 @@ def second_window(pub, output: dict) -> Window:
     """The occupied interval found by the first round (post-processing)."""
     b = bins_of(pub, True)
     return occupied(np.asarray(output["locate_1"], dtype=float), first_window(pub),
-                    _threshold(pub, b), pub.n_samples)
+                    _threshold(pub, b), pub.n_samples, sd=pub.locate_sd)
 
 
 def located_frame(pub, output: dict) -> Located:
