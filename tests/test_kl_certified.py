@@ -1310,23 +1310,27 @@ def test_first_round_places_rows_split_over_bins_each_below_its_threshold():
         placed += narrow
         alone += before
         assert np.all(narrow >= before)  # the runs only place what the threshold did not
+        found = runs(H, sd, n)
         for j in np.flatnonzero(narrow & ~before):
-            assert j in runs(H, sd, n)
-            assert got.hi[j] - got.lo[j] <= (bins // LOCATE["run_span"] + 2) * w
+            a, b = found[j]  # the run, widened by one bin on each side
+            assert got.lo[j] == max(-1.0, -1.0 + (a - 1) * w)
+            assert got.hi[j] == min(1.0, -1.0 + (b + 1) * w)
+            assert b - a <= bins // LOCATE["run_span"]
             if j in (0, 3):
                 assert got.lo[j] <= -1.0 + 126 * w < -1.0 + 130 * w <= got.hi[j]
     assert np.all(alone[[0, 3]] <= 0.3 * trials), alone
     assert np.all(placed[[0, 3]] >= 0.6 * trials), placed
-    assert placed[1] == 0 and placed[2] <= 0.2 * placed[0], placed
+    # (without the cap of N / 20 on what a run may miss: 70 of 400 for the peak)
+    assert placed[1] == 0 and placed[2] <= 0.15 * trials, placed
     # noise alone places a feature in at most about run_false_rate of the rounds (measured
-    # 0.7%)
+    # 0.45%)
     noise = sum(bool(runs(rng.standard_normal((4, bins)) * sd, sd, n)) for _ in range(2000))
     assert noise <= 2000 * 1.5 * LOCATE["run_false_rate"], noise
 
 
 def test_replace_one_locates_a_few_hundred_rows_in_a_loose_box_at_eps_one(monkeypatch):
     """240 rows of three features in a box 100 times their range at eps = 1: the first
-    round's threshold alone missed the rows on some features in most draws (their bins each
+    round's threshold alone missed the rows on some features in some draws (their bins each
     below it), leaving those features at the bound's scale: E[KL] 139 over 10 draws. With
     runs of bins it is at most 0.6 of that (measured 64), and the same plan with the runs
     switched off gives the old figure."""

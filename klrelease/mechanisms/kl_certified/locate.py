@@ -8,7 +8,9 @@ the interval the rows occupy and their spread there:
 1. one histogram per feature over the bound's interval (``bins`` equal bins), Gaussian noise
    on every count; the occupied interval is the span of the bins whose noisy count exceeds a
    threshold ``z`` noise standard deviations (with ``z`` large enough that an empty bin passes
-   it with probability ``false_rate`` over all ``d * bins`` bins), widened by one bin;
+   it with probability ``false_rate`` over all ``d * bins`` bins), widened by one bin; where
+   those bins hold fewer than half the rows, a run of consecutive bins whose noisy sum holds
+   every row (:func:`runs`), widened the same way;
 2. the same inside that interval (rows clipped into it), at its finer resolution; the located
    frame is centred on the median and scaled by the standard deviation of the thresholded
    histogram, widened by the rows the threshold left unplaced spread over the window
@@ -60,10 +62,10 @@ LOCATE = {
     "spilled": 0.1,
     "spilled_z": 4.0,
     # first round: a feature none of whose bins holds half the rows above the threshold (a
-    # few hundred rows in a loose bound fall in two or three bins, each below it) is placed by
-    # a run of consecutive bins instead (:func:`runs`): half the rows within a core of a few
-    # bins, then every row, up to one noise sd of the run's sum (and at most run_cap x N),
-    # within a run of at most bins / run_span bins around it
+    # few hundred rows in a bound 100 times their range fall in three or four bins, each
+    # below it) is placed by a run of consecutive bins instead (:func:`runs`): half the rows
+    # within a core of a few bins, then every row, up to one noise sd of the run's sum (and
+    # at most run_cap x N), within a run of at most bins / run_span bins around it
     "run_span": 8,
     "run_false_rate": 0.01,  # chance that a core of noise alone passes its threshold
     # ... and the run may miss at most this x N rows, however large its sum's noise sd: a
@@ -160,54 +162,51 @@ def occupied(noisy: np.ndarray, window: Window, threshold: float, n_samples: int
         if on.size and noisy[j, on].sum() >= LOCATE["mass"] * n_samples:
             spans[j] = (on[0], on[-1] + 1)
     if sd is not None and len(spans) < d:
-        missing = [j for j in range(d) if j not in spans]
-        spans.update(runs(noisy[missing], sd, n_samples, features=missing, d=d))
+        spans = {**runs(noisy, sd, n_samples), **spans}  # the threshold's span first
     for j, (a, b) in spans.items():
         lo[j] = max(window.lo[j], window.lo[j] + (a - 1) * w[j])
         hi[j] = min(window.hi[j], window.lo[j] + (b + 1) * w[j])
     return Window(lo, hi)
 
 
-def runs(noisy: np.ndarray, sd: float, n_samples: int, features=None,
-         d: int | None = None) -> dict[int, tuple[int, int]]:
-    """Runs of consecutive bins ``[a, b)`` that hold a feature's rows (post-processing of one
-    round's noisy counts, ``sd`` their noise; keyed by ``features``, default ``0..``).
+def runs(noisy: np.ndarray, sd: float, n_samples: int) -> dict[int, tuple[int, int]]:
+    """Per feature, a run of consecutive bins ``[a, b)`` that holds its rows (post-processing
+    of one round's noisy counts ``(d, bins)``, ``sd`` their noise); features without one are
+    left out.
 
-    A few hundred rows in a bound a hundred times wider than the data fall in two or three
+    A few hundred rows in a bound a hundred times wider than the data fall in three or four
     of the first round's 256 bins, none of which need pass the threshold alone; their sum,
-    whose noise is only ``sqrt(width)`` times a bin's, does. For widths ``m = 2, 4, ...``
-    with ``3 m`` at most ``bins / run_span``, the run of ``m`` bins with the largest noisy sum
-    is the core if that sum reaches ``mass * N`` and exceeds its own threshold
-    (``threshold_z`` at ``run_false_rate`` over the ``d * bins`` runs of every width tried,
-    times ``sd sqrt(m)``). The core is then widened
-    by ``m``, ``2 m``, ``4 m``, ... bins on each side until the run's noisy sum is within one
-    noise sd of ``N``, and within ``run_cap * N`` (every row inside, up to noise), while it
-    spans at most
-    ``bins / run_span`` bins; a feature whose rows need a wider run (spread over the bound,
-    or a narrow peak with a long tail) gets none. ``d``: the number of features the
-    threshold's Bonferroni count is over (default: the rows of ``noisy``)."""
-    k_feat, bins = noisy.shape
-    features = range(k_feat) if features is None else features
+    whose noise is only ``sqrt(width)`` times a bin's, does. The *core* is the run of ``m``
+    bins with the largest noisy sum, for the least width ``m`` of ``2, 4, 8, ...`` (``3 m``
+    at most ``bins / run_span``) at which that sum reaches ``mass * N`` and exceeds its own
+    threshold (``threshold_z`` at ``run_false_rate`` over the ``d * bins`` runs of every
+    width tried, times ``sd sqrt(m)``); only that width is tried further. The core is
+    widened by ``m``, ``2 m``, ``4 m``, ... bins on each side, while the run spans at most
+    ``bins / run_span`` bins, to the first run whose noisy sum is at least ``N`` less the
+    smaller of one noise sd of that sum and ``run_cap * N`` (every row inside, up to noise).
+    A feature whose rows need a wider run (spread over the bound, or a narrow peak with a
+    long tail) gets none."""
+    d, bins = noisy.shape
     span = bins // LOCATE["run_span"]
-    widths = [m for m in 2 ** np.arange(1, 16) if 3 * m <= span]
+    widths = [2**k for k in range(1, span.bit_length()) if 3 * 2**k <= span]
     if not widths:
         return {}
-    z = threshold_z(d or k_feat, bins * len(widths), LOCATE["run_false_rate"])
-    c = np.concatenate([np.zeros((k_feat, 1)), np.cumsum(noisy, axis=1)], axis=1)
+    z = threshold_z(d, bins * len(widths), LOCATE["run_false_rate"])
+    c = np.concatenate([np.zeros((d, 1)), np.cumsum(noisy, axis=1)], axis=1)
     out = {}
-    for row, j in enumerate(features):
+    for j in range(d):
         for m in widths:
-            sums = c[row, m:] - c[row, :-m]
+            sums = c[j, m:] - c[j, :-m]
             i = int(np.argmax(sums))
             if sums[i] <= z * sd * np.sqrt(m) or sums[i] < LOCATE["mass"] * n_samples:
                 continue
-            grow = m
-            while True:
+            grow = m  # the least width with a core: grown from it alone
+            while True:  # ends: the run widens each time, and span < bins
                 a, b = max(i - grow, 0), min(i + m + grow, bins)
                 if b - a > span:
                     break
                 miss = min(sd * np.sqrt(b - a), LOCATE["run_cap"] * n_samples)
-                if c[row, b] - c[row, a] >= n_samples - miss:
+                if c[j, b] - c[j, a] >= n_samples - miss:
                     out[j] = (a, b)
                     break
                 grow *= 2
