@@ -75,12 +75,12 @@ LOCATE = {
     # synthetic study set cut a third of a feature's rows)
     "run_cap": 0.05,
     # a group of passing first-round bins (passing bins at most one empty bin apart) that the
-    # second round sees with clearly fewer rows (below its threshold, and this many noise sds
-    # of the difference below the first round's count of the group) is refuted: a false
-    # positive, whose bin stretched the window. Where some group is refuted, the others
-    # confirmed and their span at most 1 / refute_span of the window, the located centre and
-    # scale come from the first round's kept counts of the confirmed groups
-    # (:func:`confirmed_groups`)
+    # second round sees with clearly fewer rows (no count above its threshold, and a sum this
+    # many noise sds of the difference below the first round's count of the group) is
+    # refuted: a false positive, whose bin stretched the window. Where some group is refuted,
+    # the others confirmed, no rows seen elsewhere and the confirmed span at most
+    # 1 / refute_span of the window, the located centre and scale come from the first
+    # round's kept counts of the confirmed groups (:func:`confirmed_groups`)
     "refute_margin": 2.0,
     "refute_span": 4.0,
     # the shares tried, least first: a geometric ladder of this many points from the base
@@ -380,21 +380,23 @@ def confirmed_groups(pub, output: dict, window: Window, second: np.ndarray,
     34 times the feature's standard deviation. The second round, with noise of its own, does
     not see rows where there are none. Groups of passing first-round bins (at most one
     empty bin apart) are *refuted* where the second round's counts over them are at most its
-    threshold ``t2`` and ``refute_margin`` noise sds of the difference below the first
-    round's count of the group (a real group the first round's noise lifted over its
-    threshold is seen again at about its size). Where some groups are refuted, some
-    confirmed, and the confirmed span is at most ``1 / refute_span`` of the window, the
-    centre is the median and the scale the standard deviation (at least a quarter bin) of
-    the first round's kept counts of the confirmed groups, and the widened scale adds the
-    rows those counts leave out spread evenly over the confirmed span (as
-    :func:`spread_scale` does over the window)."""
+    threshold ``t2`` and their sum is ``refute_margin`` noise sds of the difference below
+    the first round's count of the group (a real group the first round's noise lifted over its
+    threshold is seen again at about its size; the margin is ``refute_margin`` times the
+    noise sd of the difference of the two sums). Where some groups are refuted and some
+    confirmed, the second round sees no rows elsewhere (no count above ``t2`` outside the
+    confirmed groups' bins), the confirmed span (widened by a bin on each side, within the
+    bound) is at most ``1 / refute_span`` of the window and the confirmed groups' kept
+    counts reach ``mass * N``, the centre is the median and the scale the standard deviation
+    (at least a quarter bin) of the first round's kept counts of the confirmed groups, and
+    the widened scale adds the rows those counts leave out spread evenly over the confirmed
+    span (as :func:`spread_scale` does over the window)."""
     first = np.asarray(output["locate_1"], dtype=float)
     bound = first_window(pub)
     b1, b2 = first.shape[1], second.shape[1]
     t1 = _threshold(pub, bins_of(pub, True))
     w1, w2 = bound.width(b1), window.width(b2)
     n = pub.n_samples
-    diff_sd = np.sqrt(2.0) * pub.locate_sd
     out = {}
     for j in range(first.shape[0]):
         on = np.flatnonzero(first[j] > t1)
@@ -403,19 +405,25 @@ def confirmed_groups(pub, output: dict, window: Window, second: np.ndarray,
         groups = np.split(on, np.flatnonzero(np.diff(on) > 2) + 1)
         if len(groups) < 2:
             continue
-        seen = []
+        seen, under = [], np.zeros(b2, dtype=bool)
         for g in groups:
             lo = bound.lo[j] + g[0] * w1[j] - window.lo[j]
             hi = bound.lo[j] + (g[-1] + 1) * w1[j] - window.lo[j]
             k0 = int(np.clip(np.floor(lo / w2[j]), 0, b2 - 1))
             k1 = int(np.clip(np.ceil(hi / w2[j]) - 1, k0, b2 - 1))
-            top = float(np.max(second[j, k0:k1 + 1]))
-            seen.append(top > t2 or top > first[j, g].sum()
-                        - LOCATE["refute_margin"] * diff_sd)
+            there = second[j, k0:k1 + 1]
+            # the difference of the two rounds' sums has noise sd sqrt(bins summed) x sd
+            margin = LOCATE["refute_margin"] * pub.locate_sd * np.sqrt(g.size + there.size)
+            seen.append(bool(np.max(there) > t2 or there.sum() > first[j, g].sum() - margin))
+            if seen[-1]:
+                under[k0:k1 + 1] = True
         if all(seen) or not any(seen):
             continue
+        if np.any(second[j, ~under] > t2):
+            continue  # the second round sees rows the confirmed groups do not hold
         keep = np.concatenate([g for g, s in zip(groups, seen, strict=True) if s])
-        lo, hi = bound.lo[j] + (keep.min() - 1) * w1[j], bound.lo[j] + (keep.max() + 2) * w1[j]
+        lo = max(bound.lo[j], bound.lo[j] + (keep.min() - 1) * w1[j])
+        hi = min(bound.hi[j], bound.lo[j] + (keep.max() + 2) * w1[j])
         if LOCATE["refute_span"] * (hi - lo) > window.hi[j] - window.lo[j]:
             continue
         mass = np.zeros(b1)
@@ -432,10 +440,10 @@ def confirmed_groups(pub, output: dict, window: Window, second: np.ndarray,
         mean = float(mass @ mids) / tot
         scale = max(np.sqrt(max(float(mass @ (mids - mean) ** 2) / tot, 0.0)), 0.25 * w1[j])
         rest, mid = max(n - tot, 0.0), 0.5 * (lo + hi)
-        both = (tot * mean + rest * mid) / n
+        both = (tot * mean + rest * mid) / (tot + rest)
         var = float(mass @ (mids - both) ** 2) + rest * ((hi - lo) ** 2 / 12.0
                                                          + (mid - both) ** 2)
-        out[j] = (centre, scale, max(scale, np.sqrt(max(var / n, 0.0))))
+        out[j] = (centre, scale, max(scale, np.sqrt(max(var / (tot + rest), 0.0))))
     return out
 
 
