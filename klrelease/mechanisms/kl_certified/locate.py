@@ -265,19 +265,25 @@ def located_from(noisy: np.ndarray, window: Window, threshold: float,
     centre = 0.5 * (window.lo + window.hi)
     scale = 0.25 * (window.hi - window.lo)
     for j in range(d):
-        tot = mass[j].sum()
-        if tot >= LOCATE["mass"] * n_samples:
-            cdf = np.cumsum(mass[j]) / tot
-            k = min(int(np.searchsorted(cdf, 0.5)), bins - 1)
-            below = cdf[k - 1] if k > 0 else 0.0
-            within = (0.5 - below) / max(cdf[k] - below, 1e-300)  # linear inside the bin
-            centre[j] = window.lo[j] + (k + min(max(within, 0.0), 1.0)) * w[j]
-            mean = float(mass[j] @ mids[j] / tot)
-            scale[j] = np.sqrt(max(float(mass[j] @ (mids[j] - mean) ** 2) / tot, 0.0))
+        if mass[j].sum() >= LOCATE["mass"] * n_samples:
+            centre[j], scale[j], _ = _median_sd(mass[j], window.lo[j], w[j], mids[j])
     # at least a quarter bin (a bin's own spread is w / sqrt(12)): coarse bins when rows are few
     scale = np.maximum(scale, 0.25 * w)
     scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
     return Located(centre, scale, (box.lo - centre) / scale, (box.hi - centre) / scale)
+
+
+def _median_sd(mass: np.ndarray, lo: float, w: float, mids: np.ndarray):
+    """``(median, standard deviation, mean)`` of one feature's kept counts ``mass`` over bins
+    of width ``w`` from ``lo`` (midpoints ``mids``), the median linear inside its bin."""
+    tot = mass.sum()
+    cdf = np.cumsum(mass) / tot
+    k = min(int(np.searchsorted(cdf, 0.5)), mass.size - 1)
+    below = cdf[k - 1] if k > 0 else 0.0
+    within = (0.5 - below) / max(cdf[k] - below, 1e-300)  # linear inside the bin
+    mean = float(mass @ mids / tot)
+    return (lo + (k + min(max(within, 0.0), 1.0)) * w,
+            np.sqrt(max(float(mass @ (mids - mean) ** 2) / tot, 0.0)), mean)
 
 
 def spread_scale(noisy: np.ndarray, window: Window, threshold: float, n_samples: int,
@@ -432,13 +438,8 @@ def confirmed_groups(pub, output: dict, window: Window, second: np.ndarray,
         if tot < LOCATE["mass"] * n:
             continue
         mids = bound.lo[j] + (np.arange(b1) + 0.5) * w1[j]
-        cdf = np.cumsum(mass) / tot
-        k = min(int(np.searchsorted(cdf, 0.5)), b1 - 1)
-        below = cdf[k - 1] if k > 0 else 0.0
-        within = (0.5 - below) / max(cdf[k] - below, 1e-300)  # linear inside the bin
-        centre = bound.lo[j] + (k + min(max(within, 0.0), 1.0)) * w1[j]
-        mean = float(mass @ mids) / tot
-        scale = max(np.sqrt(max(float(mass @ (mids - mean) ** 2) / tot, 0.0)), 0.25 * w1[j])
+        centre, scale, mean = _median_sd(mass, bound.lo[j], w1[j], mids)
+        scale = max(scale, 0.25 * w1[j])
         rest, mid = max(n - tot, 0.0), 0.5 * (lo + hi)
         both = (tot * mean + rest * mid) / (tot + rest)
         var = float(mass @ (mids - both) ** 2) + rest * ((hi - lo) ** 2 / 12.0
