@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import pickle
 import platform
+import warnings
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from .domain import Domain
 from .kl import KLEstimate, monte_carlo_kl
 from .learners.result import MechanismFailed
 from .mechanisms import Plan, get_mechanism
+from .neighbours import Adjacency
 from .privacy.guarantee import BudgetAccountant
 from .rng import make_rng
 from .stream import Source, as_source, is_dask_collection
@@ -62,10 +64,17 @@ def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, option
     bounds = Domain.from_public(_bounds_option(bounds, options), norm_bound)
     opts = mech.validate_options(options)
     if bounds is not None and bounds.kind == "box" and not mech.uses_box:
+        record_level = any(r != Adjacency.LABEL_FLIP for r in mech.relations)
         raise ValueError(
             f"{mech.name} does not use a public box of feature bounds (bounds=/--lower/--upper); "
-            "give norm_bound= for its record-level relations instead"
+            + ("give norm_bound= for its record-level relations instead" if record_level else
+               "its one relation is label flip, under which the features are public")
         )
+    if (bounds is not None and opts.adjacency == Adjacency.LABEL_FLIP
+            and not mech.bound_under_label_flip):
+        warnings.warn(f"{mech.name} does not use the public bound under label flip (the "
+                      "features are public); give adjacency='replace-one' for a guarantee "
+                      "at the record level", UserWarning, stacklevel=3)
     data = None
     if client is not None or isinstance(X, Source) or is_dask_collection(X):
         if getattr(mech, "streams", False):

@@ -184,3 +184,23 @@ def test_ctrl_c_in_a_command_is_reported_once(tmp_path, monkeypatch, capsys):
     assert main([*RELEASE, "--out", "r.json"]) == 130
     assert capsys.readouterr().err == "interrupted\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_declared_class_label_may_hold_a_comma_when_quoted(tmp_path, monkeypatch):
+    """``--classes`` is read as one CSV record: a label with a comma is quoted."""
+    import csv
+
+    from klrelease.artifact import Release
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    labels = ["cat", "dog", "emu, adult"]
+    with open("data.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["f0", "f1", "class"])
+        for i in range(60):
+            w.writerow([rng.normal(), rng.normal(), labels[i % 3]])
+    assert main(["release", "--csv", "data.csv", "--label-column", "class", "--epsilon", "1",
+                 "--delta", "1e-5", "--classes", 'cat,dog,"emu, adult"', "--out",
+                 "r.json"]) == 0
+    assert list(Release.load(tmp_path / "r.json").gmm.classes) == labels

@@ -99,3 +99,27 @@ def test_a_non_finite_entry_anywhere_in_many_rows_is_refused(where, value):
     X[row, 2] = value
     with pytest.raises(ValueError, match="^X contains NaN or infinite values$"):
         as_labelled_data(X, y)
+
+
+def test_a_bound_that_label_flip_does_not_use_warns_and_changes_nothing():
+    """kl-certified under label flip reads the public features themselves: a box or ball given
+    with that relation is not used, and the caller is told so (replace-one uses it, silently);
+    randomized response refuses a box, naming its one relation."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 200)
+    X = rng.standard_normal((200, 3)) + y[:, None]
+    box = (X.min(0) - 1, X.max(0) + 1)
+    with pytest.warns(UserWarning, match="does not use the public bound under label flip"):
+        a = kr.release(X, y, epsilon=1, delta=1e-5, classes=[0, 1], bounds=box, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        b = kr.release(X, y, epsilon=1, delta=1e-5, classes=[0, 1], seed=3)
+        kr.release(X, y, epsilon=1, delta=1e-5, classes=[0, 1], bounds=box, seed=3,
+                   adjacency="replace-one")
+    np.testing.assert_array_equal(a.gmm.means, b.gmm.means)
+    with pytest.warns(UserWarning, match="label flip"):
+        kr.release(X, y, epsilon=1, delta=1e-5, classes=[0, 1], norm_bound=10.0, seed=3,
+                   mechanism="randomized-response")
+    with pytest.raises(ValueError, match="its one relation is label flip"):
+        kr.release(X, y, epsilon=1, delta=1e-5, classes=[0, 1], bounds=box, seed=3,
+                   mechanism="randomized-response")

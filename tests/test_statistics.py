@@ -81,3 +81,18 @@ def test_clip_to_norm():
     Y = clip_to_norm(X, 1.0)
     np.testing.assert_allclose(np.linalg.norm(Y, axis=1), [1.0, 0.5, 0.0])
     np.testing.assert_allclose(Y[1], X[1])
+
+
+def test_class_moments_keep_their_digits_far_from_the_origin():
+    """A feature of 1e13 + N(0, 1): the plain sum of 20000 rows lost half a unit of the class
+    means (0.47 against 1.006); the centred rows' sums correct the mean and scatter to their
+    centred values."""
+    from klrelease import fit_gmm
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 20000)
+    Z = rng.standard_normal((20000, 2)) + y[:, None]
+    g = fit_gmm(Z + np.array([1e13, 0.0]), y)
+    for k in range(2):
+        assert abs((g.means[k, 0] - 1e13) - Z[y == k, 0].mean()) < 0.01
+        assert np.allclose(g.covariances[k], np.cov(Z[y == k].T), rtol=1e-3, atol=1e-3)

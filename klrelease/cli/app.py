@@ -368,11 +368,17 @@ def parse_options(mechanism, items) -> tuple[dict, dict]:
 
 
 def parse_classes(text: str | None):
-    """``--classes a,b,c``: the public set of classes (integers stay integers); None if absent."""
+    """``--classes a,b,c``: the public set of classes (integers stay integers); None if absent.
+    Read as one CSV record, so a label holding a comma is quoted: ``--classes 'a,"b, c"'``."""
     if text is None:
         return None
-    items = [c.strip() for c in text.split(",")]
-    if not all(items):
+    import csv
+
+    try:
+        items = [c.strip() for c in next(csv.reader([text], skipinitialspace=True))]
+    except (csv.Error, StopIteration):
+        items = [""]
+    if not items or not all(items):
         _fail("--classes takes a comma-separated list of class labels, e.g. --classes a,b,c")
     from ..data import typed_classes
 
@@ -405,8 +411,11 @@ def mechanism_inputs(mechanism, option, lower, upper, norm_bound=None, classes=N
             _fail("give the classes once: --classes or --option classes")
         classes = public["classes"]
     if box is not None and not mechanism.uses_box:
-        _fail(f"{mechanism.name} does not use --lower/--upper (a public box); give "
-              "--norm-bound for its record-level relations")
+        if any(r.value != "label-flip" for r in mechanism.relations):
+            _fail(f"{mechanism.name} does not use --lower/--upper (a public box); give "
+                  "--norm-bound for its record-level relations")
+        _fail(f"{mechanism.name} does not use --lower/--upper (a public box): its one "
+              "relation is label flip, under which the features are public")
     if box is not None and norm_bound is not None:
         _fail("give --lower/--upper (a box) or --norm-bound (a ball), not both")
     try:

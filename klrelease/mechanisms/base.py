@@ -196,7 +196,8 @@ class Mechanism(ABC):
     * :attr:`relations`, the neighbouring relations it supports;
     * :meth:`certifies`, whether a release with given options is certified (a proven
       guarantee); the artifact's flag is recomputed from it, never trusted;
-    * :attr:`uses_box`, whether it uses a public box of feature bounds (``bounds=``).
+    * :attr:`uses_box`, whether it uses a public box of feature bounds (``bounds=``), and
+      :attr:`bound_under_label_flip`, whether it uses a public bound under label flip.
     """
 
     #: Registry name, e.g. ``"kl-paper"``.
@@ -211,6 +212,9 @@ class Mechanism(ABC):
     certified_relations: ClassVar[tuple[Adjacency, ...]] = ()
     #: Whether a public box ``bounds=(lower, upper)`` is used (else giving one is an error).
     uses_box: ClassVar[bool] = True
+    #: Whether a public bound (box or ball) is used under label flip; where not, giving one
+    #: with that relation warns that it is not used (the features are public).
+    bound_under_label_flip: ClassVar[bool] = True
     #: Rows every class must hold before the mechanism runs; ``None`` means d + 1 (an
     #: invertible class covariance). A refusal depends on the private class sizes, so a
     #: certified mechanism whose proof covers all datasets sets 0.

@@ -94,7 +94,10 @@ def sorted_moments(sorted_rows: np.ndarray, bounds: np.ndarray) -> ClassMoments:
     (:func:`klrelease.rows.class_blocks`). Each class block is summed by one matrix-vector
     product, then its scatter is accumulated over sub-blocks of
     :func:`~klrelease.rows.row_block` rows centred on the class mean (the centred copy of a
-    sub-block stays in cache)."""
+    sub-block stays in cache). The centred rows' own sums correct the mean once (and the
+    scatter with it): a plain sum of rows far from the origin relative to their spread (a
+    feature of 1e13 + N(0, 1)) loses the mean's digits, and its sum about that mean
+    recovers them."""
     sorted_rows = np.asarray(sorted_rows, dtype=np.float64)
     K, d = len(bounds) - 1, sorted_rows.shape[1]
     means, scat = np.zeros((K, d)), np.zeros((K, d, d))
@@ -102,11 +105,17 @@ def sorted_moments(sorted_rows: np.ndarray, bounds: np.ndarray) -> ClassMoments:
     C = np.empty((min(step, sorted_rows.shape[0]), d))
     for k in range(K):
         U = sorted_rows[bounds[k]:bounds[k + 1]]
-        if U.shape[0]:
-            means[k] = column_sums(U) / U.shape[0]
-            for a in range(0, U.shape[0], step):
-                Cb = np.subtract(U[a:a + step], means[k], out=C[:min(step, U.shape[0] - a)])
+        n = U.shape[0]
+        if n:
+            means[k] = column_sums(U) / n
+            off = np.zeros(d)
+            for a in range(0, n, step):
+                Cb = np.subtract(U[a:a + step], means[k], out=C[:min(step, n - a)])
                 scat[k] += Cb.T @ Cb
+                off += column_sums(Cb)
+            off /= n
+            means[k] += off
+            scat[k] -= n * np.outer(off, off)
     return ClassMoments(np.diff(bounds).astype(float), means, scat)
 
 

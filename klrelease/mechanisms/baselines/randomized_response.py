@@ -139,6 +139,7 @@ class LabelResponse(Mechanism):
     relations = (Adjacency.LABEL_FLIP,)
     certified_relations = (Adjacency.LABEL_FLIP,)
     uses_box = False
+    bound_under_label_flip = False
     min_class_size = 0
 
     def certifies(self, options, public) -> bool:

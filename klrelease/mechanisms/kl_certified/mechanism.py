@@ -1213,6 +1213,7 @@ class KLCertified(Mechanism):
     Options = KLCertifiedOptions
     relations = ADJACENCIES
     certified_relations = ADJACENCIES
+    bound_under_label_flip = False  # the features are public: the frame is their own
     #: Reads a chunked source (:mod:`klrelease.stream`): it needs only per-class statistics.
     streams = True
 
