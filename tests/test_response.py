@@ -332,3 +332,25 @@ def test_a_streamed_label_outside_the_classes_fails_before_any_noise():
             kr.release(ArraySource(X, y, classes=[0, 1], chunk_rows=30), None, epsilon=2.0,
                        delta=1e-5, mechanism=mech, accountant=acc, **opts)
         assert len(acc.spent) == 0
+
+
+def test_randomized_response_keeps_each_features_units():
+    """A feature in units of 1e-9 beside one in 1e9: each keeps its own scale (its floor
+    was 1e-12 of the largest feature's, and the small one's released variance 1.7e-12
+    against its 1e-18: KL 8.6e5 at eps = 100); the release's KL is the same as in units of
+    1, draw for draw."""
+    import klrelease as kr
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 800)
+    X = rng.normal(size=(800, 4)) + y[:, None]
+    scaled = X * np.array([1e-9, 1e9, 1.0, 1.0])
+    kls = []
+    for Z in (X, scaled):
+        fit = kr.fit_gmm(Z, y, classes=[0, 1, 2])
+        p = kr.plan(Z, y, epsilon=100, delta=1e-5, classes=[0, 1, 2],
+                    mechanism="randomized-response")
+        g = np.random.default_rng(1)
+        kls.append([kr.kl_divergence(p.draw(g), fit) for _ in range(4)])
+    np.testing.assert_allclose(kls[1], kls[0], rtol=1e-6, atol=1e-12)
+    assert max(kls[1]) < 1e-6

@@ -59,8 +59,11 @@ class Standardised:
         sd = np.asarray(sd, dtype=float)
         top = float(np.max(sd)) if sd.size and np.isfinite(np.max(sd)) else 0.0
         self.mean = np.asarray(mean, dtype=float)
-        self.sd = np.where(sd > 1e-12 * top, sd, max(1e-12 * top, 1e-300)) if top > 0 else \
-            np.ones_like(sd)
+        # each feature's own scale, whatever the others' (equivariance: a feature in units
+        # 1e-9 beside one in 1e9 keeps its scale); a constant feature takes 1e-12 of the
+        # largest scale, or 1 when every feature is constant
+        self.sd = np.where((sd > 0) & np.isfinite(sd), sd, max(1e-12 * top, 1e-300)) \
+            if top > 0 else np.ones_like(sd)
 
     def to_frame(self, X: np.ndarray) -> np.ndarray:
         return (np.asarray(X, dtype=float) - self.mean) / self.sd
