@@ -1701,3 +1701,77 @@ def test_a_far_public_row_widens_another_class_boundedly_at_small_budgets(monkey
     monkeypatch.setitem(design.SETTINGS, "tail_reach", np.inf)
     var1, kl = release(2.0)
     assert var1 > 100 * fit.covariances[1][0, 0] and kl > 10.0
+
+
+def test_rows_clipped_into_the_second_rounds_edge_bins_widen_the_located_scale():
+    """The second round clips rows beyond its window into its edge bins; those bins less the
+    first round's counts of the same intervals estimate them. 100 of 1000 rows beyond the
+    right edge (none beyond the left) are found, and widen that feature's scale to the
+    spread of the located rows mixed with them over a window beyond the edge; a feature
+    whose rows all lie inside, or with fewer than N/20 beyond, keeps its scale."""
+    from types import SimpleNamespace
+
+    from klrelease.mechanisms.kl_certified.locate import (
+        LOCATE,
+        Window,
+        beyond_edges,
+        edge_scale,
+    )
+
+    pub = SimpleNamespace(n_samples=1000, locate_sd=5.0, n_features=3,
+                          bound_window=(np.full(3, -1.0), np.ones(3)))
+    w1 = 2.0 / 256
+    first, second = np.zeros((3, 256)), np.zeros((3, 6))
+    first[0, 100:104] = 250.0  # every row inside the window
+    second[0, 1:5] = 250.0
+    first[1, 100:103], first[1, 120] = 300.0, 100.0  # 100 rows far beyond it
+    second[1, 1:4], second[1, 5] = 300.0, 100.0  # ... clipped into its last bin
+    first[2, 100:103], first[2, 120] = 320.0, 40.0  # 40 rows beyond: fewer than N / 20
+    second[2, 1:4], second[2, 5] = 320.0, 40.0
+    window = Window(np.full(3, -1.0 + 99 * w1), np.full(3, -1.0 + 105 * w1))
+    out = {"locate_1": first, "locate_2": second}
+    excess, sd = beyond_edges(pub, out, window)
+    np.testing.assert_allclose(excess, [[0, 0], [0, 100], [0, 40]], atol=1e-9)
+    np.testing.assert_allclose(sd, 5.0 * np.sqrt(4.0))  # two sides, one bin each
+    assert 40 < LOCATE["edge_share"] * 1000 < 100
+    centre, scale = np.full(3, -1.0 + 101.5 * w1), np.full(3, w1)
+    wide = edge_scale(pub, out, window, centre, scale)
+    W = 6 * w1
+    pts = np.array([centre[1], window.hi[1] + W / 2])
+    mean = (900 * pts[0] + 100 * pts[1]) / 1000
+    want = np.sqrt((900 * (w1**2 + (pts[0] - mean) ** 2)
+                    + 100 * (W**2 / 12 + (pts[1] - mean) ** 2)) / 1000)
+    np.testing.assert_allclose(wide, [0.0, want, 0.0])
+    assert want > 2 * w1
+
+
+def test_a_minor_mode_beyond_the_window_costs_less_with_the_edge_scale():
+    """A tenth of 3000 rows in a mode 12 standard deviations from the rest, a box 10 times
+    the range, eps = 1: the first round's threshold misses the mode, which the second round
+    clips into an edge bin. Widening the located scale by those rows lowers E[KL] over the
+    same 40 draws (measured 0.317 -> 0.239 over these, 0.299 -> 0.221 over 100)."""
+    from klrelease.experiments.certified import _reference
+    from klrelease.mechanisms.kl_certified import locate
+
+    rng = np.random.default_rng(2)
+    n = 3000
+    y = (rng.random(n) < 0.4).astype(int)
+    X = rng.standard_normal((n, 3))
+    m = rng.random(n) < 0.1
+    X[m, 0] = 12 + 0.5 * rng.standard_normal(m.sum())
+    c, h = (X.min(0) + X.max(0)) / 2, (X.max(0) - X.min(0)) / 2
+    data = kr.as_labelled_data(X, y, classes=[0, 1], min_class_size=0,
+                               bounds=(c - 10 * h, c + 10 * h))
+    p = kr.plan(data, None, epsilon=1.0, delta=1e-5, adjacency="replace-one")
+    ref = _reference(X, y, 2)
+    kl = {}
+    orig = locate.edge_scale
+    try:
+        for arm in ("with", "without"):
+            if arm == "without":
+                locate.edge_scale = lambda pub, out, w, centre, scale: np.zeros_like(scale)
+            g = np.random.default_rng(0)
+            kl[arm] = np.mean([kr.kl_divergence(p.draw(g), ref) for _ in range(40)])
+    finally:
+        locate.edge_scale = orig
+    assert kl["with"] < 0.85 * kl["without"], kl
