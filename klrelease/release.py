@@ -27,7 +27,7 @@ from .neighbours import Adjacency
 from .privacy.guarantee import BudgetAccountant
 from .rng import make_rng
 from .stream import Source, as_source, is_dask_collection
-from .warnings_ import warn_privacy
+from .warnings_ import UnusedBoundWarning, warn_privacy
 
 __all__ = ["plan", "release", "expected_kl"]
 
@@ -70,11 +70,7 @@ def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, option
             + ("give norm_bound= for its record-level relations instead" if record_level else
                "its one relation is label flip, under which the features are public")
         )
-    if (bounds is not None and opts.adjacency == Adjacency.LABEL_FLIP
-            and not mech.bound_under_label_flip):
-        warnings.warn(f"{mech.name} does not use the public bound under label flip (the "
-                      "features are public); give adjacency='replace-one' for a guarantee "
-                      "at the record level", UserWarning, stacklevel=3)
+    unused = opts.adjacency == Adjacency.LABEL_FLIP and not mech.bound_under_label_flip
     data = None
     if client is not None or isinstance(X, Source) or is_dask_collection(X):
         if getattr(mech, "streams", False):
@@ -87,6 +83,12 @@ def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, option
     if data is None:  # in memory (a Dask collection is materialised for other mechanisms)
         data = as_labelled_data(X, y, classes=classes, bounds=bounds,
                                 min_class_size=mech.min_class_size)
+    if unused and (bounds is not None or getattr(data, "domain", None) is not None):
+        record = ("give adjacency='replace-one' for a guarantee at the record level"
+                  if Adjacency.REPLACE_ONE in mech.relations else
+                  "it has no relation at the record level")
+        warnings.warn(f"{mech.name} does not use the public bound under label flip (the "
+                      f"features are public); {record}", UnusedBoundWarning, stacklevel=3)
     p = mech.plan(data, epsilon=eps, delta=dlt, **opts.as_dict())
     declared = mech.certifies(opts, p.public_options)
     if bool(p.guarantee.certified) != bool(declared):

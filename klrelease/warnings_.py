@@ -2,7 +2,8 @@
 
 :class:`PrivacyLeakWarning` is raised by mechanisms that exist only to reproduce published
 results and whose privacy claim does not hold. It is always shown (never deduplicated), so
-every use of such a mechanism is visible.
+every use of such a mechanism is visible. :class:`UnusedBoundWarning` says that a public bound
+was given where it is not used.
 """
 
 from __future__ import annotations
@@ -11,13 +12,18 @@ import sys
 import warnings
 from pathlib import Path
 
-__all__ = ["PrivacyLeakWarning", "warn_privacy"]
+__all__ = ["PrivacyLeakWarning", "UnusedBoundWarning", "warn_privacy"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
 
 class PrivacyLeakWarning(RuntimeWarning):
     """A release whose stated privacy guarantee is known not to hold."""
+
+
+class UnusedBoundWarning(UserWarning):
+    """A public bound given to a mechanism that does not use it under the relation asked for
+    (label flip: the features are public), so the caller may have meant another relation."""
 
 
 def warn_privacy(message: str) -> None:

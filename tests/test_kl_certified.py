@@ -1775,3 +1775,52 @@ def test_a_minor_mode_beyond_the_window_costs_less_with_the_edge_scale():
     finally:
         locate.edge_scale = orig
     assert kl["with"] < 0.85 * kl["without"], kl
+
+
+def test_beyond_edges_counts_part_bins_on_both_sides_and_the_bound_ends_the_tail():
+    """Second-round edge bins 2.5 first-round bins wide: a part bin counts half (its rows
+    spread evenly over it), so the rows beyond each edge (30 left, 70 right) are estimated
+    exactly and the rows just inside are not counted; the noise sd counts 1 + 1 + 1 + 0.25
+    per side. Near the bound's edge the rows beyond are taken as spread only up to it."""
+    from types import SimpleNamespace
+
+    from klrelease.mechanisms.kl_certified.locate import (
+        Window,
+        beyond_edges,
+        edge_scale,
+        histograms,
+    )
+
+    w1 = 2.0 / 256
+    bound = Window(np.full(1, -1.0), np.ones(1))
+    pub = SimpleNamespace(n_samples=280, locate_sd=1.0, n_features=1,
+                          bound_window=(bound.lo, bound.hi))
+
+    def at(i, f=0.5):
+        return -1.0 + (i + f) * w1
+
+    def rounds(T, window):
+        T = np.asarray(T)[:, None]
+        return {"locate_1": histograms(T, bound, 256), "locate_2": histograms(T, window, 8)}
+
+    T = np.r_[np.full(40, at(90)), np.full(10, at(92, 0.25)), np.full(10, at(92, 0.75)),
+              np.full(30, at(80)),  # beyond the left edge
+              np.full(40, at(109)), np.full(10, at(107, 0.25)), np.full(10, at(107, 0.75)),
+              np.full(60, at(100)), np.full(70, at(120))]  # beyond the right edge
+    window = Window(np.full(1, at(90, 0)), np.full(1, at(110, 0)))
+    excess, sd = beyond_edges(pub, rounds(T, window), window)
+    np.testing.assert_allclose(excess, [[30.0, 70.0]], atol=1e-9)
+    np.testing.assert_allclose(sd, np.sqrt(2 * (1 + 1 + 1 + 0.25)))
+    # the window's right edge 4 bins from the bound's: the 70 rows lie within those 4 bins
+    near = Window(np.full(1, at(230, 0)), np.full(1, at(252, 0)))
+    T = np.r_[np.full(210, at(240)), np.full(70, at(254))]
+    out = rounds(T, near)
+    excess, _ = beyond_edges(pub, out, near)
+    np.testing.assert_allclose(excess, [[0.0, 70.0]], atol=1e-9)
+    centre, scale = np.full(1, at(240)), np.full(1, w1)
+    wide = edge_scale(pub, out, near, centre, scale)
+    pts, b = np.array([at(240), at(252, 0) + 2 * w1]), 4 * w1
+    mean = (210 * pts[0] + 70 * pts[1]) / 280
+    want = np.sqrt((210 * (w1**2 + (pts[0] - mean) ** 2)
+                    + 70 * (b**2 / 12 + (pts[1] - mean) ** 2)) / 280)
+    np.testing.assert_allclose(wide, [want])

@@ -375,11 +375,13 @@ def parse_classes(text: str | None):
     import csv
 
     try:
-        items = [c.strip() for c in next(csv.reader([text], skipinitialspace=True))]
+        items = [c.strip() for c in next(csv.reader([text], skipinitialspace=True,
+                                                    strict=True))]
     except (csv.Error, StopIteration):
         items = [""]
     if not items or not all(items):
-        _fail("--classes takes a comma-separated list of class labels, e.g. --classes a,b,c")
+        _fail("--classes takes a comma-separated list of class labels (quote a label that "
+              "holds a comma), e.g. --classes a,b,c")
     from ..data import typed_classes
 
     return list(typed_classes(items))

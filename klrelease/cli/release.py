@@ -34,14 +34,16 @@ SAMPLE_CHUNK = 65536
 
 
 def warn_uncertified(caught, statement: str | None) -> None:
-    """One visible ``warning:`` line per distinct privacy warning (and the statement)."""
+    """One visible ``warning:`` line per distinct privacy or unused-bound warning (and the
+    statement)."""
     from rich.markup import escape
 
-    from ..warnings_ import PrivacyLeakWarning
+    from ..warnings_ import PrivacyLeakWarning, UnusedBoundWarning
 
     lines = []
     for w in caught:
-        if issubclass(w.category, PrivacyLeakWarning) and str(w.message) not in lines:
+        if (issubclass(w.category, (PrivacyLeakWarning, UnusedBoundWarning))
+                and str(w.message) not in lines):
             lines.append(str(w.message))
     if statement is not None and not any(statement in x for x in lines):
         lines.append(statement)

@@ -103,6 +103,7 @@ def sorted_moments(sorted_rows: np.ndarray, bounds: np.ndarray) -> ClassMoments:
     means, scat = np.zeros((K, d)), np.zeros((K, d, d))
     step = row_block(d)
     C = np.empty((min(step, sorted_rows.shape[0]), d))
+    ones = np.ones(C.shape[0])
     for k in range(K):
         U = sorted_rows[bounds[k]:bounds[k + 1]]
         n = U.shape[0]
@@ -110,9 +111,10 @@ def sorted_moments(sorted_rows: np.ndarray, bounds: np.ndarray) -> ClassMoments:
             means[k] = column_sums(U) / n
             off = np.zeros(d)
             for a in range(0, n, step):
-                Cb = np.subtract(U[a:a + step], means[k], out=C[:min(step, n - a)])
+                m = min(step, n - a)
+                Cb = np.subtract(U[a:a + step], means[k], out=C[:m])
                 scat[k] += Cb.T @ Cb
-                off += column_sums(Cb)
+                off += column_sums(Cb, ones[:m])
             off /= n
             means[k] += off
             scat[k] -= n * np.outer(off, off)

@@ -50,7 +50,7 @@ __all__ = ["LOCATE", "Window", "Located", "histograms", "occupied", "runs", "loc
            "threshold_z", "first_window", "second_window", "located_frame", "in_bound",
            "confirmed_groups",
            "spread_scale",
-           "spilled"]
+           "spilled", "beyond_edges", "edge_scale"]
 
 #: Public constants of the locating stage.
 LOCATE = {
@@ -74,7 +74,8 @@ LOCATE = {
     # few hundred rows in a bound 100 times their range fall in three or four bins, each
     # below it) is placed by a run of consecutive bins instead (:func:`runs`): half the rows
     # within a core of a few bins, then every row, up to one noise sd of the run's sum (and
-    # at most run_cap x N), within a run of at most bins / run_span bins around it
+    # at most run_cap x N unless the core is two bins), within a run of at most
+    # bins / run_span bins around it
     "run_span": 8,
     "run_false_rate": 0.01,  # chance that a core of noise alone passes its threshold
     # ... and the run may miss at most this x N rows, however large its sum's noise sd: a
@@ -391,8 +392,9 @@ def edge_scale(pub, output: dict, window: Window, centre: np.ndarray,
                scale: np.ndarray) -> np.ndarray:
     """Per feature: the located ``scale`` widened by the rows the second round clipped into
     its edge bins from beyond its window (:func:`beyond_edges`), where they are at least
-    ``edge_share`` x N and ``edge_z`` noise sds of their estimate; else 0 (post-processing of
-    both rounds' released counts).
+    ``edge_share`` x N and ``edge_z`` noise sds of their estimate (the positive excesses of
+    both sides summed, against the noise sd of the sum); else 0 (post-processing of both
+    rounds' released counts).
 
     A tail or a second mode that the first round's threshold did not place lies beyond the
     second round's window, and its rows pile up in the edge bin they are clipped into: a
@@ -400,21 +402,23 @@ def edge_scale(pub, output: dict, window: Window, centre: np.ndarray,
     range, eps 1) left the located scale at 0.3 of the feature's spread in 64 of 100 draws,
     with those rows more than 6 scales away, where every later clip cut them down. Nothing
     says how far out they lie: they are taken as spread evenly over one window width beyond
-    their edge, and the scale is the standard deviation of that mixed with the located
-    distribution (``centre``, ``scale``) for the other rows."""
+    their edge (at most to the bound's edge), and the scale is the standard deviation of that
+    mixed with the located distribution (``centre``, ``scale``) for the other rows."""
     n = pub.n_samples
     excess, sd = beyond_edges(pub, output, window)
     side = np.maximum(np.nan_to_num(excess), 0.0)
     total = side.sum(axis=1)
     out = np.zeros_like(scale)
     hit = (total > 0) & (total >= np.maximum(LOCATE["edge_share"] * n, LOCATE["edge_z"] * sd))
+    bound = first_window(pub)
     for j in np.flatnonzero(hit):
         lo, hi = window.lo[j], window.hi[j]
-        W = hi - lo
+        # a window's width beyond each edge, within the bound (the rows lie inside it)
+        a, b = min(hi - lo, lo - bound.lo[j]), min(hi - lo, bound.hi[j] - hi)
         rest = max(n - total[j], 0.0)
-        pts = np.array([centre[j], lo - W / 2, hi + W / 2])
+        pts = np.array([centre[j], lo - a / 2, hi + b / 2])
         wts = np.array([rest, side[j, 0], side[j, 1]])
-        var_in = np.array([scale[j] ** 2, W**2 / 12, W**2 / 12])
+        var_in = np.array([scale[j] ** 2, a**2 / 12, b**2 / 12])
         m = float(wts @ pts) / wts.sum()
         out[j] = np.sqrt(float(wts @ (var_in + (pts - m) ** 2)) / wts.sum())
     return out
@@ -535,9 +539,11 @@ def beyond_edges(pub, output: dict, window: Window) -> tuple[np.ndarray, np.ndar
     The second round clips the rows beyond its window into its first and last bins, so each
     such bin counts the rows of its own interval plus those beyond it; the first round's
     bins that make up the same interval (the window's edges are edges of its bins; a part
-    bin weighted by its overlap) count the former alone. Their difference, summed over the
-    sides where the window is narrower than the bound, estimates the rows beyond the window
-    with noise sd ``sd sqrt(sum (1 + sum of the squared weights))``."""
+    bin weighted by its overlap, as if its rows were spread evenly) count the former alone.
+    Their difference on each side where the window is narrower than the bound (``(d, 2)``:
+    left, right; 0 elsewhere) estimates the rows beyond that edge; the noise sd returned is
+    that of the two sides' sum, ``sd sqrt(sum over those sides of (1 + sum of the squared
+    weights))``."""
     first, second = (np.asarray(output[k], dtype=float) for k in ("locate_1", "locate_2"))
     bound = first_window(pub)
     d, b1 = first.shape
