@@ -64,12 +64,7 @@ def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, option
     bounds = Domain.from_public(_bounds_option(bounds, options), norm_bound)
     opts = mech.validate_options(options)
     if bounds is not None and bounds.kind == "box" and not mech.uses_box:
-        record_level = any(r != Adjacency.LABEL_FLIP for r in mech.relations)
-        raise ValueError(
-            f"{mech.name} does not use a public box of feature bounds (bounds=/--lower/--upper); "
-            + ("give norm_bound= for its record-level relations instead" if record_level else
-               "its one relation is label flip, under which the features are public")
-        )
+        raise ValueError(mech.box_refusal())
     unused = opts.adjacency == Adjacency.LABEL_FLIP and not mech.bound_under_label_flip
     data = None
     if client is not None or isinstance(X, Source) or is_dask_collection(X):

@@ -457,7 +457,8 @@ def test_cli_norm_bound_option_and_bounds_features_work(tmp_path, capsys):
 def test_cli_box_with_a_mechanism_that_ignores_it_is_an_error(tmp_path, capsys):
     rc, out = _release_cli(tmp_path, "--mechanism", "kl-paper", "--lower", "0", "--upper", "9")
     assert rc == 2 and not out.exists()
-    assert "does not use --lower/--upper" in capsys.readouterr().err
+    assert "does not use a public box of feature bounds (bounds=, --lower/--upper)" in \
+        capsys.readouterr().err
 
 
 def test_cli_declares_classes(tmp_path, capsys):

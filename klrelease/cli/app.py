@@ -413,11 +413,7 @@ def mechanism_inputs(mechanism, option, lower, upper, norm_bound=None, classes=N
             _fail("give the classes once: --classes or --option classes")
         classes = public["classes"]
     if box is not None and not mechanism.uses_box:
-        if any(r.value != "label-flip" for r in mechanism.relations):
-            _fail(f"{mechanism.name} does not use --lower/--upper (a public box); give "
-                  "--norm-bound for its record-level relations")
-        _fail(f"{mechanism.name} does not use --lower/--upper (a public box): its one "
-              "relation is label flip, under which the features are public")
+        _fail(mechanism.box_refusal())
     if box is not None and norm_bound is not None:
         _fail("give --lower/--upper (a box) or --norm-bound (a ball), not both")
     try:

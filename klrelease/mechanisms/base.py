@@ -279,6 +279,18 @@ class Mechanism(ABC):
             )
         return opts
 
+    @classmethod
+    def box_refusal(cls) -> str:
+        """Why a public box is refused, for a mechanism that does not use one
+        (:attr:`uses_box` false): the API's and the command line's message."""
+        if any(r != Adjacency.LABEL_FLIP for r in cls.relations):
+            return (f"{cls.name} does not use a public box of feature bounds (bounds=, "
+                    "--lower/--upper); give a norm bound (norm_bound=, --norm-bound) for its "
+                    "record-level relations instead")
+        return (f"{cls.name} does not use a public box of feature bounds (bounds=, "
+                "--lower/--upper): its one relation is label flip, under which the features "
+                "are public")
+
     def certifies(self, options: MechanismOptions, public: Mapping[str, Any]) -> bool:
         """Whether a release with these options is certified (before seeding is considered).
 
