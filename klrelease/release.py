@@ -78,7 +78,8 @@ def _design(X, y, epsilon, delta, mechanism, classes, bounds, norm_bound, option
     if data is None:  # in memory (a Dask collection is materialised for other mechanisms)
         data = as_labelled_data(X, y, classes=classes, bounds=bounds,
                                 min_class_size=mech.min_class_size)
-    if unused and (bounds is not None or getattr(data, "domain", None) is not None):
+    # a bound passed here, not one a dataset carries for other relations (the bundled sets)
+    if unused and bounds is not None:
         record = ("give adjacency='replace-one' for a guarantee at the record level"
                   if Adjacency.REPLACE_ONE in mech.relations else
                   "it has no relation at the record level")
