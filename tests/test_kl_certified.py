@@ -1,5 +1,6 @@
 """Tests of the certified mechanism ``kl-certified``: privacy map, robustness, equivariance."""
 
+import json
 import warnings
 from dataclasses import replace
 
@@ -1824,3 +1825,30 @@ def test_beyond_edges_counts_part_bins_on_both_sides_and_the_bound_ends_the_tail
     want = np.sqrt((210 * (w1**2 + (pts[0] - mean) ** 2)
                     + 70 * (b**2 / 12 + (pts[1] - mean) ** 2)) / 280)
     np.testing.assert_allclose(wide, [want])
+
+
+def test_a_replace_one_artifact_records_the_public_bound_and_never_a_private_one():
+    """The box or ball the rows are clipped to is public and defines the guarantee's
+    neighbours: the artifact records it (a misread box is then visible); a box read from
+    the data is private and is not recorded; label flip uses no bound."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 120)
+    X = rng.standard_normal((120, 2)) + y[:, None]
+    box = (X.min(0) - 1.0, X.max(0) + 1.0)
+    kw = dict(epsilon=1.0, delta=1e-5, classes=[0, 1], adjacency="replace-one")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rec = kr.release(X, y, bounds=box, **kw).to_json()
+        ball = kr.release(X, y, norm_bound=9.0, **kw).to_json()
+        private = kr.release(X, y, bounds_from_data=True, **kw).to_json()
+        flip = kr.release(X, y, epsilon=1.0, delta=1e-5, classes=[0, 1]).to_json()
+    got = json.loads(rec)["options"]["bound"]
+    assert got["kind"] == "box"
+    np.testing.assert_array_equal(got["lower"], box[0])
+    np.testing.assert_array_equal(got["upper"], box[1])
+    assert json.loads(ball)["options"]["bound"] == {"kind": "ball", "radius": 9.0, "d": 2,
+                                                     "source": "public norm bound"}
+    for doc in (private, flip):
+        assert "bound" not in json.loads(doc)["options"]
+    lo, hi = (f"{v:.6g}" for v in (X.min(), X.max()))
+    assert lo not in private and hi not in private

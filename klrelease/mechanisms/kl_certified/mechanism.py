@@ -1554,6 +1554,11 @@ class KLCertified(Mechanism):
             statement=statement, reasons=tuple(reasons), accounting=pub.budget.describe(),
             curve=GaussianCurve(pub.budget.mu),
         )
+        if bound_ok and relation != Adjacency.LABEL_FLIP:
+            # the public bound the rows are clipped to (a box read from the data is not
+            # recorded: it is private, and the release is not certified)
+            extra["bound"] = _public_bound(getattr(data, "domain", None),
+                                           options["norm_bound"], False, d).to_json()
         public = {
             "adjacency": relation.value,
             "adjacency_meaning": rel,
