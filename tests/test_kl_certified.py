@@ -1850,5 +1850,6 @@ def test_a_replace_one_artifact_records_the_public_bound_and_never_a_private_one
                                                      "source": "public norm bound"}
     for doc in (private, flip):
         assert "bound" not in json.loads(doc)["options"]
-    lo, hi = (f"{v:.6g}" for v in (X.min(), X.max()))
-    assert lo not in private and hi not in private
+    for v in np.r_[X.min(0), X.max(0)]:  # the data's box, at JSON's full precision
+        assert json.dumps(float(v)) not in private
+    assert json.dumps(float(box[0][0])) in rec
