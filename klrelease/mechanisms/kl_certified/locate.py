@@ -551,21 +551,32 @@ def beyond_edges(pub, output: dict, window: Window) -> tuple[np.ndarray, np.ndar
     w1 = bound.width(b1)
     k = np.where(w1 > 0, window.width(b2) / np.where(w1 > 0, w1, 1.0), 0.0)
     excess, var = np.zeros((d, 2)), np.zeros(d)
-    for j in range(d):
-        n_bins = int(np.ceil(k[j] - 1e-9))
-        if not 0 < n_bins <= b1:
-            continue
-        wt = np.minimum(1.0, k[j] - np.arange(n_bins))  # from the window's edge inward
-        if window.lo[j] > bound.lo[j]:
-            a = int(np.rint((window.lo[j] - bound.lo[j]) / w1[j]))
-            idx = np.clip(a + np.arange(n_bins), 0, b1 - 1)
-            excess[j, 0] = second[j, 0] - float(first[j, idx] @ wt)
-            var[j] += 1.0 + float(wt @ wt)
-        if window.hi[j] < bound.hi[j]:
-            b = int(np.rint((window.hi[j] - bound.lo[j]) / w1[j]))
-            idx = np.clip(b - 1 - np.arange(n_bins), 0, b1 - 1)
-            excess[j, 1] = second[j, -1] - float(first[j, idx] @ wt)
-            var[j] += 1.0 + float(wt @ wt)
+    with np.errstate(invalid="ignore"):
+        n_bins = np.ceil(k - 1e-9)
+    ok = np.isfinite(n_bins) & (n_bins > 0) & (n_bins <= b1)
+    if not ok.any():
+        return excess, pub.locate_sd * np.sqrt(var)
+    rows = np.flatnonzero(ok)
+    steps = np.arange(int(n_bins[ok].max()))
+    # per feature, the weights of the first-round bins from the window's edge inward (0 past
+    # its own count of them)
+    wt = np.clip(k[rows, None] - steps[None, :], 0.0, 1.0)
+    energy = 1.0 + np.einsum("ij,ij->i", wt, wt)
+    safe = np.where(w1[rows] > 0, w1[rows], 1.0)
+    for side, inside in ((0, window.lo[rows] > bound.lo[rows]),
+                         (1, window.hi[rows] < bound.hi[rows])):
+        if side == 0:
+            start = np.rint((window.lo[rows] - bound.lo[rows]) / safe)
+            idx = start[:, None] + steps[None, :]
+            edge = second[rows, 0]
+        else:
+            start = np.rint((window.hi[rows] - bound.lo[rows]) / safe)
+            idx = start[:, None] - 1 - steps[None, :]
+            edge = second[rows, -1]
+        idx = np.clip(np.nan_to_num(idx), 0, b1 - 1).astype(np.int64)
+        est = np.einsum("ij,ij->i", np.where(wt > 0, first[rows[:, None], idx], 0.0), wt)
+        excess[rows, side] = np.where(inside, edge - est, 0.0)
+        var[rows] += np.where(inside, energy, 0.0)
     return excess, pub.locate_sd * np.sqrt(var)
 
 
