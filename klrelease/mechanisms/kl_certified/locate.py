@@ -281,7 +281,7 @@ def located_from(noisy: np.ndarray, window: Window, threshold: float,
     scale = 0.25 * (window.hi - window.lo)
     for j in range(d):
         if mass[j].sum() >= LOCATE["mass"] * n_samples:
-            centre[j], scale[j], _ = _median_sd(mass[j], window.lo[j], w[j], mids[j])
+            centre[j], scale[j] = _median_sd(mass[j], window.lo[j], w[j], mids[j])
     # at least a quarter bin (a bin's own spread is w / sqrt(12)): coarse bins when rows are few
     scale = np.maximum(scale, 0.25 * w)
     scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
@@ -289,8 +289,8 @@ def located_from(noisy: np.ndarray, window: Window, threshold: float,
 
 
 def _median_sd(mass: np.ndarray, lo: float, w: float, mids: np.ndarray):
-    """``(median, standard deviation, mean)`` of one feature's kept counts ``mass`` over bins
-    of width ``w`` from ``lo`` (midpoints ``mids``), the median linear inside its bin."""
+    """``(median, standard deviation)`` of one feature's kept counts ``mass`` over bins of
+    width ``w`` from ``lo`` (midpoints ``mids``), the median linear inside its bin."""
     tot = mass.sum()
     cdf = np.cumsum(mass) / tot
     k = min(int(np.searchsorted(cdf, 0.5)), mass.size - 1)
@@ -298,7 +298,16 @@ def _median_sd(mass: np.ndarray, lo: float, w: float, mids: np.ndarray):
     within = (0.5 - below) / max(cdf[k] - below, 1e-300)  # linear inside the bin
     mean = float(mass @ mids / tot)
     return (lo + (k + min(max(within, 0.0), 1.0)) * w,
-            np.sqrt(max(float(mass @ (mids - mean) ** 2) / tot, 0.0)), mean)
+            np.sqrt(max(float(mass @ (mids - mean) ** 2) / tot, 0.0)))
+
+
+def _mixed_sd(weights: np.ndarray, points: np.ndarray, spreads: np.ndarray) -> float:
+    """The standard deviation of a mixture: ``weights`` of rows about ``points``, each part
+    with its own variance ``spreads`` (0 for a histogram's bin midpoint, ``w^2 / 12`` for
+    rows spread evenly over a width ``w``)."""
+    tot = float(np.sum(weights))
+    mean = float(weights @ points) / tot
+    return float(np.sqrt(max(float(weights @ (spreads + (points - mean) ** 2)) / tot, 0.0)))
 
 
 def spread_scale(noisy: np.ndarray, window: Window, threshold: float, n_samples: int,
@@ -322,12 +331,9 @@ def spread_scale(noisy: np.ndarray, window: Window, threshold: float, n_samples:
         rest = n_samples - tot
         if tot < LOCATE["mass"] * n_samples or rest <= 0:
             continue
-        mean = float(mass[j] @ mids[j]) / tot
-        mid = 0.5 * (window.lo[j] + window.hi[j])
-        both = (tot * mean + rest * mid) / n_samples
-        var = (float(mass[j] @ (mids[j] - both) ** 2)
-               + rest * ((window.hi[j] - window.lo[j]) ** 2 / 12.0 + (mid - both) ** 2))
-        wide = np.sqrt(max(var / n_samples, 0.0))
+        wide = _mixed_sd(np.r_[mass[j], rest], np.r_[mids[j], 0.5 * (window.lo[j] + window.hi[j])],
+                         np.r_[np.zeros(mass.shape[1]),
+                               (window.hi[j] - window.lo[j]) ** 2 / 12.0])
         if np.isfinite(wide):
             out[j] = max(out[j], wide)
     return out
@@ -415,12 +421,9 @@ def edge_scale(pub, output: dict, window: Window, centre: np.ndarray,
         lo, hi = window.lo[j], window.hi[j]
         # a window's width beyond each edge, within the bound (the rows lie inside it)
         a, b = min(hi - lo, lo - bound.lo[j]), min(hi - lo, bound.hi[j] - hi)
-        rest = max(n - total[j], 0.0)
-        pts = np.array([centre[j], lo - a / 2, hi + b / 2])
-        wts = np.array([rest, side[j, 0], side[j, 1]])
-        var_in = np.array([scale[j] ** 2, a**2 / 12, b**2 / 12])
-        m = float(wts @ pts) / wts.sum()
-        out[j] = np.sqrt(float(wts @ (var_in + (pts - m) ** 2)) / wts.sum())
+        out[j] = _mixed_sd(np.array([max(n - total[j], 0.0), side[j, 0], side[j, 1]]),
+                           np.array([centre[j], lo - a / 2, hi + b / 2]),
+                           np.array([scale[j] ** 2, a**2 / 12, b**2 / 12]))
     return out
 
 
@@ -490,13 +493,11 @@ def confirmed_groups(pub, output: dict, window: Window, second: np.ndarray,
         if tot < LOCATE["mass"] * n:
             continue
         mids = bound.lo[j] + (np.arange(b1) + 0.5) * w1[j]
-        centre, scale, mean = _median_sd(mass, bound.lo[j], w1[j], mids)
+        centre, scale = _median_sd(mass, bound.lo[j], w1[j], mids)
         scale = max(scale, 0.25 * w1[j])
-        rest, mid = max(n - tot, 0.0), 0.5 * (lo + hi)
-        both = (tot * mean + rest * mid) / (tot + rest)
-        var = float(mass @ (mids - both) ** 2) + rest * ((hi - lo) ** 2 / 12.0
-                                                         + (mid - both) ** 2)
-        out[j] = (centre, scale, max(scale, np.sqrt(max(var / (tot + rest), 0.0))))
+        wide = _mixed_sd(np.r_[mass, max(n - tot, 0.0)], np.r_[mids, 0.5 * (lo + hi)],
+                         np.r_[np.zeros(b1), (hi - lo) ** 2 / 12.0])
+        out[j] = (centre, scale, max(scale, wide))
     return out
 
 
