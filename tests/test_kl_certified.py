@@ -1853,3 +1853,56 @@ def test_a_replace_one_artifact_records_the_public_bound_and_never_a_private_one
     for v in np.r_[X.min(0), X.max(0)]:  # the data's box, at JSON's full precision
         assert json.dumps(float(v)) not in private
     assert json.dumps(float(box[0][0])) in rec
+
+
+def _one_gross_value(n=2000, d=4, K=3, value=99999.0, seed=0):
+    """Three Gaussian classes and one missing-value code ``value`` in feature 0 of row 0."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, K, n)
+    X = rng.normal(size=(n, d)) + 2.0 * y[:, None]
+    X[0, 0] = value
+    return X, y
+
+
+def test_winsor_limits_catch_one_value_that_would_set_a_features_scale():
+    """One value whose square over N exceeds ten trimmed spreads squared is beyond the limits
+    of its feature only; Gaussian rows, a value 100 spreads out among 2000 rows (its square
+    over N is 5 spreads squared) and a rare binary feature (3 ones in 2000, or one: its
+    trimmed values are all zero) give no limits to apply."""
+    from klrelease.mechanisms.kl_certified.mechanism import winsor_limits
+
+    X, _ = _one_gross_value()
+    lo, hi = winsor_limits(X, X.shape[0])
+    assert hi[0] < 1e3 and lo[0] > -1e3 and np.all(np.isfinite(lo[:1]))
+    assert np.count_nonzero((X < lo) | (X > hi)) == 1
+    assert winsor_limits(_one_gross_value(value=0.0)[0], 2000) is None
+    assert winsor_limits(_one_gross_value(value=100.0)[0], 2000) is None
+    B = np.random.default_rng(1).normal(size=(2000, 2))
+    for ones in (1, 3):
+        B[:, 1] = 0.0
+        B[:ones, 1] = 1.0
+        assert winsor_limits(B, 2000) is None
+
+
+def test_one_gross_value_under_label_flip_costs_its_own_row_not_every_class():
+    """Label flip, one value 99999 among 2000 rows of sd 1 (4 seeded draws a cell): both
+    designs keep E[KL] near what leaving the row out costs its own class (about 3), where the
+    frame whitened by every row's moments made it 4.8e4 (eps 1, Gaussian) and 2.0e3 (eps 5,
+    response), and randomized response on the labels 4e6 and 24; as epsilon grows the release
+    reaches the row (eps 20: the fit)."""
+    X, y = _one_gross_value()
+    ref = kr.fit_gmm(X, y, classes=range(3))
+    kw = dict(delta=1e-5, classes=range(3))
+
+    def mean_kl(eps, **extra):
+        p = kr.plan(X, y, epsilon=eps, **kw, **extra)
+        rng = np.random.default_rng(1)
+        return float(np.mean([kr.kl_divergence(p.draw(rng), ref) for _ in range(4)])), p
+
+    for eps, design_, bound in ((1.0, "gaussian", 10.0), (2.0, "response", 30.0),
+                                (5.0, "response", 10.0), (5.0, "gaussian", 10.0)):
+        extra = {} if design_ == "response" else {"design": "gaussian"}
+        kl, p = mean_kl(eps, **extra)
+        assert p.public_options["design"] == design_
+        assert kl < bound, (eps, design_, kl)
+    assert mean_kl(20.0)[0] < 1e-3

@@ -1898,6 +1898,11 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
         T = P if resp is None else public_shape(pub, resp, means, P, k)
         dist = _distance_sq(C[k], T)
         a = min(1.0, js * nu[k] / dist) if dist > 0 and np.isfinite(dist) else js
+        # at most the chance that any report moved the class: where it is small the noise is
+        # rare, not small, and most draws have none to shrink away (one far row flipped
+        # carries all of ``nu``: shrinking every draw by it moved clean classes toward a
+        # target holding that row, E[KL] 10 at eps 20 where the fit is exact)
+        a = min(a, float(moved[k]))
         Ck = _blend(C[k], T, a)
         # eigenvalues floored, direction by direction, at a fraction of the target's variance
         # there (the public shape: the scale a class plausibly has in that direction), at most

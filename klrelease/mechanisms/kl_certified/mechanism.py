@@ -160,6 +160,81 @@ def whitening_frame(centre: np.ndarray, C: np.ndarray) -> Frame:
     return Frame(centre, W, W_inv)
 
 
+#: Label flip, the frame's spread that a few rows cannot dominate (:func:`winsor_limits`):
+#: the share of the public row sample trimmed from each end of a feature for its spread; how
+#: many times that spread squared one value's square over N may be before the frame's
+#: moments winsorise it; and the least reach in spreads. Public constants.
+FRAME_TRIM = 1e-3
+FRAME_SHARE = 10.0
+FRAME_REACH = 20.0
+
+
+def winsor_limits(sample: np.ndarray, n_samples: int,
+                  block: int = 64) -> tuple[np.ndarray, np.ndarray] | None:
+    """Label flip: the limits ``(lo, hi)`` per feature beyond which the frame's moments
+    winsorise a value, from the public row sample ``sample`` (raw rows, in priority order) of
+    ``n_samples`` rows, or ``None`` when no value of the sample lies beyond them.
+
+    A feature's trimmed spread ``s`` is the standard deviation of its sample values between
+    the ``k``-th smallest and the ``k``-th largest (``k = max(1, ceil(FRAME_TRIM n))`` of
+    ``n`` rows), so that ``k`` rows at either end cannot set it; the limits are the median
+    plus or minus ``c s``, ``c = max(FRAME_REACH, sqrt(FRAME_SHARE N))``: a value lies beyond
+    them when its square alone, spread over the N rows, would add more than ``FRAME_SHARE``
+    times ``s^2`` to the feature's variance, i.e. one row would set the frame's scale of that
+    feature (a missing-value code among thousands of rows). Such rows then lie far out in
+    the frame instead. A feature whose trimmed values are all equal (or whose sample is too
+    small to trim) is not winsorised. A function of the public features only (the same rows
+    in memory and streamed); memory ``n x block`` at a time."""
+    X = np.asarray(sample, dtype=float)
+    n, d = X.shape
+    k = max(1, int(np.ceil(FRAME_TRIM * n)))
+    if n - 2 * k < 2:
+        return None
+    reach = max(FRAME_REACH, float(np.sqrt(FRAME_SHARE * max(int(n_samples), 1))))
+    lo, hi = np.full(d, -np.inf), np.full(d, np.inf)
+    beyond = False
+    mid = (n - 1) // 2
+    for a in range(0, d, block):
+        B = np.array(X[:, a:a + block], order="F")
+        kth = sorted({k, mid, n - 1 - k})
+        with np.errstate(all="ignore"):
+            P = np.partition(B, kth, axis=0)
+            q_lo, med, q_hi = P[k], P[mid], P[n - 1 - k]
+            inner = (B >= q_lo) & (B <= q_hi)
+            m = inner.sum(axis=0)
+            s1 = np.where(inner, B, 0.0).sum(axis=0) / m
+            sd = np.sqrt(np.where(inner, (B - s1) ** 2, 0.0).sum(axis=0) / np.maximum(m - 1, 1))
+            ok = np.isfinite(sd) & (sd > 0) & np.isfinite(med)
+            below, above = med - reach * sd, med + reach * sd
+        lo[a:a + block] = np.where(ok, below, -np.inf)
+        hi[a:a + block] = np.where(ok, above, np.inf)
+        beyond |= bool(np.any((B < lo[a:a + block]) | (B > hi[a:a + block])))
+        del B, P, inner
+    return (lo, hi) if beyond else None
+
+
+def robust_moments(mean: np.ndarray, C: np.ndarray, M2: np.ndarray, n_samples: int,
+                   sample: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Label flip: the ``(centre, covariance, scatter)`` the whitening frame is built from.
+
+    ``mean, C, M2``: every row's mean, covariance and centred scatter (``n_samples`` rows);
+    ``sample``: the public row sample (raw, in priority order; every row when there are at
+    most :data:`~klrelease.stream.sample.SAMPLE_ROWS`). Where the sample has values beyond
+    :func:`winsor_limits`, the centre, covariance and scatter are the sample's winsorised at
+    them, the scatter scaled to ``n_samples`` rows (``(N - 1) / (n - 1)``; the sample is every
+    row when ``N <= SAMPLE_ROWS``): a row far out then lies far out in the frame and shapes
+    no class region (the Gaussian design's pooled covariance reads this scatter), instead of
+    setting the frame's scale and every region's. Otherwise the inputs, unchanged."""
+    limits = None if sample is None else winsor_limits(sample, n_samples)
+    if limits is None:
+        return mean, C, M2
+    W = np.clip(np.asarray(sample, dtype=float), limits[0], limits[1])
+    with np.errstate(all="ignore"):
+        centre, Cw, M2w = _pooled_covariance(pooled_moments(W))
+        M2w = M2w * ((n_samples - 1) / max(W.shape[0] - 1, 1))
+    return centre, Cw, M2w
+
+
 def bound_frame(domain: Domain):
     """The replace-one frame of a public box or ball, and the map clipping frame rows into it.
     """
@@ -209,10 +284,9 @@ def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, n
     X = data.X
     d = data.n_features
     if relation == Adjacency.LABEL_FLIP:
-        centre, C, M2 = _public_moments(X)
-        frame = whitening_frame(centre, C)
-        return (frame, None, True, "the public features (whitened)", None,
-                frame_scatter(frame, M2))
+        frame, scatter = _label_flip_frame(_public_moments(X), data.n_samples,
+                                           _raw_sample(X))
+        return (frame, None, True, "the public features (whitened)", None, scatter)
     domain = _public_bound(data.domain, norm_bound, bounds_from_data, d)
     certified, where = True, "the public bound, located by noisy histograms"
     if domain is None:
@@ -223,6 +297,76 @@ def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, n
         certified, where = False, "the private data (bounds_from_data=True)"
     frame, clip = bound_frame(domain)
     return frame, clip, certified, where, _bound_window(domain), None
+
+
+def _raw_sample(X: np.ndarray) -> np.ndarray:
+    """Label flip, in memory: the public row sample's raw rows, in priority order (what a
+    streamed pass keeps; every row when there are at most ``SAMPLE_ROWS``)."""
+    from ...stream.sample import sample_rows
+
+    return sample_rows(X)
+
+
+def _label_flip_frame(moments, n_samples: int, sample) -> tuple[Frame, np.ndarray]:
+    """Label flip: the whitening frame of the public features and their total scatter in it,
+    from every row's ``moments`` (mean, covariance, centred scatter) and the public row
+    sample (raw rows in priority order, :func:`robust_moments`)."""
+    centre, C, scatter = robust_moments(*moments, n_samples, sample)
+    frame = whitening_frame(centre, C)
+    return frame, frame_scatter(frame, scatter)
+
+
+def response_reach(epsilon: float, n_samples: int, n_classes: int, d: int) -> float:
+    """Label flip, the response design: the norm in the frame beyond which a row's features
+    are drawn in to it before the reported moments are formed (post-processing of the reported
+    labels and the public features): ``sqrt(d + (N / K) / ((K - 1) q))``, ``q`` the chance
+    of reporting a given other class.
+
+    A row at norm ``r`` reported into another class of about ``N / K`` rows adds about
+    ``r^2 / (N / K)`` to that class's variance (frame units: the pooled spread is 1), which
+    the KL divergence punishes in proportion; drawn in to ``rho`` it costs its own class about
+    ``log(r^2 / rho^2)`` instead. With ``K - 1`` classes to land in, each with chance ``q``,
+    the expected cost ``(K - 1) q rho^2 / (N / K) - log rho^2`` is least at this ``rho^2``
+    (plus ``d``, the squared norm of a typical row). It grows like ``e^eps``: as epsilon grows
+    every row is reached and the release tends to the fit."""
+    from ...privacy.response import response_probabilities
+
+    K = int(n_classes)
+    q = response_probabilities(epsilon, K)[1]
+    return float(np.sqrt(d + (n_samples / K) / ((K - 1) * q)))
+
+
+@dataclass(frozen=True)
+class _ReachFrame:
+    """The response design's frame: rows drawn in to the norm ``reach``
+    (:func:`response_reach`) in the robust frame ``robust`` (:func:`robust_moments`), then
+    mapped to ``frame``, the whitening frame of every row's own moments, whose maps back to
+    raw units these are (where the two frames are one, one map)."""
+
+    frame: Frame
+    robust: Frame
+    reach: float
+
+    def to_frame(self, X: np.ndarray) -> np.ndarray:
+        if self.robust is self.frame:
+            return clip_to_norm(self.frame.to_frame(X), self.reach)
+        T = clip_to_norm(self.robust.to_frame(X), self.reach)
+        return self.frame.to_frame(self.robust.mean_to_raw(T))
+
+    def __getattr__(self, name: str):
+        return getattr(self.frame, name)
+
+
+def _response_frame(moments, n_samples: int, sample, epsilon: float, n_classes: int
+                    ) -> _ReachFrame:
+    """Label flip, the response design's frame (:class:`_ReachFrame`) from every row's
+    ``moments`` (mean, covariance, centred scatter) and the public row sample."""
+    mean, C = moments[:2]
+    plain = whitening_frame(mean, C)
+    centre, Cr, _ = robust_moments(*moments, n_samples, sample)
+    robust = plain if centre is mean else whitening_frame(centre, Cr)
+    return _ReachFrame(plain, robust,
+                       response_reach(epsilon, n_samples, n_classes, mean.shape[0]))
 
 
 def frame_scatter(frame: Frame, scatter: np.ndarray) -> np.ndarray:
@@ -802,14 +946,13 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
                 labelled=S, far=far_per_feature(d)))
         m0, sample = got[:2]
         N = int(round(m0.counts[0]))
-        mean, C, M2 = _pooled_covariance(m0)
-        frame = whitening_frame(mean, C)
+        frame, total_scatter = _label_flip_frame(
+            _pooled_covariance(m0), N, sample[1] if isinstance(sample, tuple) else sample)
         clip, where, window = None, "the public features (whitened)", None
         sampled = N > S
         public_rows, public_weights, k = _public_set(frame, N, sample,
                                                      got[4] if len(got) > 4 else None)
         R = sample_radius(frame, None, budget_of(N), S if sampled else N, K, public_rows[:k])
-        total_scatter = frame_scatter(frame, M2)
         early, c = None, 1.0
         if not sampled:
             counts, sums, total = source.sums(_FrameClip(frame, clip, R))
@@ -1237,11 +1380,12 @@ class KLCertified(Mechanism):
             if isinstance(sample, tuple):  # (priorities, rows): the rows
                 sample = sample[1]
             N = int(round(m0.counts[0]))
-            frame = whitening_frame(*_pooled_covariance(m0)[:2])
+            frame = _response_frame(_pooled_covariance(m0), N, sample, epsilon, K)
             rows = frame.to_frame(sample)
         else:
             N = data.n_samples
-            frame = whitening_frame(*_public_moments(data.X)[:2])
+            frame = _response_frame(_public_moments(data.X), N, _raw_sample(data.X), epsilon,
+                                    K)
             # every row in the frame once; the row sample is its rows of the sampled indices
             # (read through them when the sample is every row: no second copy of the rows)
             T = frame.to_frame(data.X)
