@@ -277,15 +277,18 @@ def public_frame(data: LabelledData, relation: Adjacency, bounds_from_data: bool
     return frame, T if clip is None else clip(T), certified, where, window
 
 
-def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, norm_bound):
+def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, norm_bound,
+              sample: np.ndarray | None = None):
     """:func:`public_frame` without the rows: ``(frame, clip, certified, where, window,
     scatter)``, ``clip`` the map clipping frame rows into the bound and ``scatter`` the public
-    scatter of the rows in the frame (``sum t t^T``; label flip), ``None`` where not used."""
+    scatter of the rows in the frame (``sum t t^T``; label flip), ``None`` where not used.
+    ``sample``: label flip, the public row sample's raw rows (:func:`_raw_sample`) when the
+    caller has them."""
     X = data.X
     d = data.n_features
     if relation == Adjacency.LABEL_FLIP:
         frame, scatter = _label_flip_frame(_public_moments(X), data.n_samples,
-                                           _raw_sample(X))
+                                           _raw_sample(X) if sample is None else sample)
         return (frame, None, True, "the public features (whitened)", None, scatter)
     domain = _public_bound(data.domain, norm_bound, bounds_from_data, d)
     certified, where = True, "the public bound, located by noisy histograms"
@@ -1384,15 +1387,16 @@ class KLCertified(Mechanism):
             rows = frame.to_frame(sample)
         else:
             N = data.n_samples
-            frame = _response_frame(_public_moments(data.X), N, _raw_sample(data.X), epsilon,
-                                    K)
+            lead = sample_indices(N)
+            frame = _response_frame(_public_moments(data.X), N,
+                                    np.take(data.X, lead, axis=0), epsilon, K)
             # every row in the frame once; the row sample is its rows of the sampled indices
             # (read through them when the sample is every row: no second copy of the rows)
             T = frame.to_frame(data.X)
             if N <= SAMPLE_ROWS:
-                rows, index = T, sample_indices(N)
+                rows, index = T, lead
             else:
-                rows = T[sample_indices(N)]
+                rows = T[lead]
         classes = data.classes
         guarantee = response_guarantee(self.name, epsilon, delta, K, declared,
                                        "klrelease/mechanisms/kl_certified/kl_certified.md")
@@ -1563,11 +1567,6 @@ class KLCertified(Mechanism):
                     + (" in blocks of contiguous rows; then one pass over every row"
                        if one_pass else ""))
         else:
-            frame, clip, bound_ok, where, window, total_scatter = _frame_of(
-                data, relation, bool(options["bounds_from_data"]), options["norm_bound"])
-            N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
-            budget = budget_for(N)
-
             from ...stream.sample import (
                 SAMPLE_ROWS,
                 far_called_for,
@@ -1579,6 +1578,7 @@ class KLCertified(Mechanism):
                 stage_rows,
             )
 
+            N, K, d, classes = data.n_samples, data.n_classes, data.n_features, data.classes
             # every row in the frame once (clipped into the bound), in its own order, in one
             # array: every stage reads it through an index (the classes, grouped; the early
             # stages' sample; under label flip the public row sample when it is every row)
@@ -1588,6 +1588,10 @@ class KLCertified(Mechanism):
             # (replace-one has no public row sample: the early stages' alone)
             lead = (sample_indices(N, max(S, SAMPLE_ROWS) if lf else S) if lf or sampled
                     else None)
+            frame, clip, bound_ok, where, window, total_scatter = _frame_of(
+                data, relation, bool(options["bounds_from_data"]), options["norm_bound"],
+                sample=np.take(data.X, lead[:SAMPLE_ROWS], axis=0) if lf else None)
+            budget = budget_for(N)
             if not sampled:
                 T = _frame_rows(data.X, frame, clip)
                 order, bounds = class_blocks(data.codes, K)
