@@ -1842,7 +1842,8 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
     covariance is shrunk toward the public class shape (the public rows weighted by their
     posterior under the debiased model with those means; the pooled covariance where that is
     degenerate) by the ratio of its known noise energy to its distance from the target
-    (James-Stein), and its eigenvalues are floored at a tenth of the target's variance in each
+    (James-Stein; at most the expected number of rows whose report moves the class), and its
+    eigenvalues are floored at a tenth of the target's variance in each
     direction, or a tenth of the noise's spectral scale (``response_noise_floor``) if that is
     smaller, times the expected number of
     rows whose report moves the class when that is below one (most draws then move none: the
@@ -1898,10 +1899,10 @@ def response_estimate(moments, *, epsilon: float, n_classes: int, n_samples: int
         T = P if resp is None else public_shape(pub, resp, means, P, k)
         dist = _distance_sq(C[k], T)
         a = min(1.0, js * nu[k] / dist) if dist > 0 and np.isfinite(dist) else js
-        # at most the chance that any report moved the class: where it is small the noise is
-        # rare, not small, and most draws have none to shrink away (one far row flipped
-        # carries all of ``nu``: shrinking every draw by it moved clean classes toward a
-        # target holding that row, E[KL] 10 at eps 20 where the fit is exact)
+        # at most the expected number of rows whose report moves the class (below one: the
+        # noise is rare, not small, and most draws have none to shrink away; one far row
+        # flipped carries all of ``nu``: shrinking every draw by it moved clean classes toward
+        # a target holding that row, E[KL] 10 at eps 20 where the fit is exact)
         a = min(a, float(moved[k]))
         Ck = _blend(C[k], T, a)
         # eigenvalues floored, direction by direction, at a fraction of the target's variance

@@ -165,6 +165,7 @@ def whitening_frame(centre: np.ndarray, C: np.ndarray) -> Frame:
 #: many times that spread squared one value's square over N may be before the frame's
 #: moments winsorise it; and the least reach in spreads. Public constants.
 FRAME_TRIM = 1e-3
+FRAME_TRIM_LEAST = 3
 FRAME_SHARE = 10.0
 FRAME_REACH = 20.0
 
@@ -176,7 +177,7 @@ def winsor_limits(sample: np.ndarray, n_samples: int,
     ``n_samples`` rows, or ``None`` when no value of the sample lies beyond them.
 
     A feature's trimmed spread ``s`` is the standard deviation of its sample values between
-    the ``k``-th smallest and the ``k``-th largest (``k = max(1, ceil(FRAME_TRIM n))`` of
+    the ``k``-th smallest and the ``k``-th largest (``k = max(3, ceil(FRAME_TRIM n))`` of
     ``n`` rows), so that ``k`` rows at either end cannot set it; the limits are the median
     plus or minus ``c s``, ``c = max(FRAME_REACH, sqrt(FRAME_SHARE N))``: a value lies beyond
     them when its square alone, spread over the N rows, would add more than ``FRAME_SHARE``
@@ -187,7 +188,7 @@ def winsor_limits(sample: np.ndarray, n_samples: int,
     in memory and streamed); memory ``n x block`` at a time."""
     X = np.asarray(sample, dtype=float)
     n, d = X.shape
-    k = max(1, int(np.ceil(FRAME_TRIM * n)))
+    k = max(FRAME_TRIM_LEAST, int(np.ceil(FRAME_TRIM * n)))
     if n - 2 * k < 2:
         return None
     reach = max(FRAME_REACH, float(np.sqrt(FRAME_SHARE * max(int(n_samples), 1))))
@@ -220,15 +221,23 @@ def robust_moments(mean: np.ndarray, C: np.ndarray, M2: np.ndarray, n_samples: i
     ``mean, C, M2``: every row's mean, covariance and centred scatter (``n_samples`` rows);
     ``sample``: the public row sample (raw, in priority order; every row when there are at
     most :data:`~klrelease.stream.sample.SAMPLE_ROWS`). Where the sample has values beyond
-    :func:`winsor_limits`, the centre, covariance and scatter are the sample's winsorised at
-    them, the scatter scaled to ``n_samples`` rows (``(N - 1) / (n - 1)``; the sample is every
+    :func:`winsor_limits`, the centre, covariance and scatter are the sample's winsorised
+    (each such value replaced by the most extreme of its feature's values within them), the
+    scatter scaled to ``n_samples`` rows (``(N - 1) / (n - 1)``; the sample is every
     row when ``N <= SAMPLE_ROWS``): a row far out then lies far out in the frame and shapes
     no class region (the Gaussian design's pooled covariance reads this scatter), instead of
     setting the frame's scale and every region's. Otherwise the inputs, unchanged."""
     limits = None if sample is None else winsor_limits(sample, n_samples)
     if limits is None:
         return mean, C, M2
-    W = np.clip(np.asarray(sample, dtype=float), limits[0], limits[1])
+    W = np.asarray(sample, dtype=float)
+    # a value beyond the limits takes the most extreme of its feature's values within them
+    # (at the limit itself it would still add FRAME_SHARE (N / n) spreads squared)
+    inside = (W >= limits[0]) & (W <= limits[1])
+    lo = np.where(inside, W, np.inf).min(axis=0)
+    hi = np.where(inside, W, -np.inf).max(axis=0)
+    del inside
+    W = np.clip(W, lo, hi)
     with np.errstate(all="ignore"):
         centre, Cw, M2w = _pooled_covariance(pooled_moments(W))
         M2w = M2w * ((n_samples - 1) / max(W.shape[0] - 1, 1))
@@ -357,6 +366,10 @@ class _ReachFrame:
         return self.frame.to_frame(self.robust.mean_to_raw(T))
 
     def __getattr__(self, name: str):
+        # (not for dunders or the fields themselves: copy and pickle look those up before
+        # the fields exist)
+        if name.startswith("__") or name in ("frame", "robust", "reach"):
+            raise AttributeError(name)
         return getattr(self.frame, name)
 
 
