@@ -1154,22 +1154,26 @@ def test_a_streamed_release_reads_on_its_own_thread_when_no_thread_can_be_starte
 
 
 @pytest.mark.parametrize("design", ["gaussian", "response"])
-@pytest.mark.parametrize("sample", [None, 500])
+@pytest.mark.parametrize("sample", [None, 500, "outside"])
 def test_streamed_release_with_one_gross_value_equals_in_memory(design, sample, monkeypatch):
     """Label flip with one value 1e6 among 4000 rows: the frame's moments winsorise it, from
-    the public row sample (every row, or 500 of them holding that row), which the streamed
-    pass keeps as in memory. The Gaussian design: same seed, same release. The response
-    design (whose streamed labels come from keyed per-chunk streams): the same rows in its
-    frame, the gross row drawn in to its reach."""
+    the public row sample (every row, or 500 of them holding that row, or 500 without it:
+    then the pass's extremes call for the sample's moments), which the streamed pass keeps
+    as in memory. The Gaussian design: same seed, same release. The response design (whose
+    streamed labels come from keyed per-chunk streams): the same rows in its frame, the gross
+    row drawn in to its reach."""
     from klrelease.mechanisms.kl_certified.mechanism import response_reach, winsor_limits
     from klrelease.stream.sample import sample_indices, sample_rows
 
     if sample is not None:
-        monkeypatch.setattr("klrelease.stream.sample.SAMPLE_ROWS", sample)
+        monkeypatch.setattr("klrelease.stream.sample.SAMPLE_ROWS", 500)
     X, y = _data(n=4000, d=3, offset=20.0)
-    far = int(sample_indices(4000)[0])
+    far = int(sample_indices(4000, 4000)[-1 if sample == "outside" else 0])
+    assert (far in sample_indices(4000, 500)) == (sample != "outside")
     X[far, 1] = 1e6
-    assert winsor_limits(sample_rows(X), X.shape[0]) is not None
+    extremes = (X.min(axis=0), X.max(axis=0))
+    assert winsor_limits(sample_rows(X), X.shape[0], extremes) is not None
+    assert (winsor_limits(sample_rows(X), X.shape[0]) is None) == (sample == "outside")
     kw = dict(epsilon=2.0, delta=1e-6, classes=CLASSES, design=design)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -1185,5 +1189,5 @@ def test_streamed_release_with_one_gross_value_equals_in_memory(design, sample, 
             b = klrelease.release(ArraySource(X, y, chunk_rows=517), None, seed=3, **kw)
             _assert_same_release(a, b)
             rel = a.gmm
-    if sample is None:  # the clean classes' variance of that feature is theirs, not the row's
+    if sample != 500:  # the clean classes' variance of that feature is theirs, not the row's
         assert np.sort(rel.covariances[:, 1, 1])[1] < 100.0

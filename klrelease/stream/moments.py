@@ -53,11 +53,15 @@ RowMap = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 @dataclass
 class ClassMoments:
-    """Counts (K,), means (K, d) and centred scatters (K, d, d) of rows, per class."""
+    """Counts (K,), means (K, d) and centred scatters (K, d, d) of rows, per class; for the
+    public features' pass (one class), optionally each column's least and greatest value
+    (``lo``, ``hi``: (d,))."""
 
     counts: np.ndarray
     means: np.ndarray
     scatters: np.ndarray
+    lo: np.ndarray | None = None
+    hi: np.ndarray | None = None
 
     @property
     def sums(self) -> np.ndarray:
@@ -74,7 +78,10 @@ class ClassMoments:
         means = self.means + delta * (nb / safe)[:, None]
         w = (na * nb / safe)[:, None, None]
         scat = self.scatters + other.scatters + w * (delta[:, :, None] * delta[:, None, :])
-        return ClassMoments(n, means, scat)
+        if self.lo is None or other.lo is None:
+            return ClassMoments(n, means, scat)
+        return ClassMoments(n, means, scat, np.minimum(self.lo, other.lo),
+                            np.maximum(self.hi, other.hi))
 
 
 @_quiet

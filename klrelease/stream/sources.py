@@ -528,7 +528,9 @@ class _PooledSample:
 
     def __call__(self, X, y, offset):
         X, codes = _chunk(X, y, self.d, self.classes)
-        out = (pooled_moments(X), RowSample.of(X, offset, self.size))
+        m, lo, hi = pooled_moments(X, extremes=True)  # (the extremes: the frame's winsorising)
+        out = (ClassMoments(m.counts, m.means, m.scatters, lo, hi),
+               RowSample.of(X, offset, self.size))
         if self.labelled is not None:
             out = (*out, np.bincount(codes, minlength=len(self.classes)).astype(float),
                    RowSample.of(X, offset, self.labelled, codes))

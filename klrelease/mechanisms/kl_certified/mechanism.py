@@ -170,11 +170,12 @@ FRAME_SHARE = 10.0
 FRAME_REACH = 20.0
 
 
-def winsor_limits(sample: np.ndarray, n_samples: int,
+def winsor_limits(sample: np.ndarray, n_samples: int, extremes=None,
                   block: int = 64) -> tuple[np.ndarray, np.ndarray] | None:
     """Label flip: the limits ``(lo, hi)`` per feature beyond which the frame's moments
     winsorise a value, from the public row sample ``sample`` (raw rows, in priority order) of
-    ``n_samples`` rows, or ``None`` when no value of the sample lies beyond them.
+    ``n_samples`` rows, or ``None`` when no value of the sample, nor of ``extremes`` (every
+    row's least and greatest value per feature, where known), lies beyond them.
 
     A feature's trimmed spread ``s`` is the standard deviation of its sample values between
     the ``k``-th smallest and the ``k``-th largest (``k = max(3, ceil(FRAME_TRIM n))`` of
@@ -211,11 +212,16 @@ def winsor_limits(sample: np.ndarray, n_samples: int,
         hi[a:a + block] = np.where(ok, above, np.inf)
         beyond |= bool(np.any((B < lo[a:a + block]) | (B > hi[a:a + block])))
         del B, P, inner
+    if extremes is not None and extremes[0] is not None:
+        with np.errstate(invalid="ignore"):
+            beyond |= bool(np.any(np.asarray(extremes[0]) < lo)
+                           or np.any(np.asarray(extremes[1]) > hi))
     return (lo, hi) if beyond else None
 
 
 def robust_moments(mean: np.ndarray, C: np.ndarray, M2: np.ndarray, n_samples: int,
-                   sample: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   sample: np.ndarray | None, extremes=None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Label flip: the ``(centre, covariance, scatter)`` the whitening frame is built from.
 
     ``mean, C, M2``: every row's mean, covariance and centred scatter (``n_samples`` rows);
@@ -226,8 +232,10 @@ def robust_moments(mean: np.ndarray, C: np.ndarray, M2: np.ndarray, n_samples: i
     scatter scaled to ``n_samples`` rows (``(N - 1) / (n - 1)``; the sample is every
     row when ``N <= SAMPLE_ROWS``): a row far out then lies far out in the frame and shapes
     no class region (the Gaussian design's pooled covariance reads this scatter), instead of
-    setting the frame's scale and every region's. Otherwise the inputs, unchanged."""
-    limits = None if sample is None else winsor_limits(sample, n_samples)
+    setting the frame's scale and every region's. ``extremes``: every row's least and
+    greatest value per feature; one beyond the limits (a row the sample does not hold) calls
+    for the sample's moments too. Otherwise the inputs, unchanged."""
+    limits = None if sample is None else winsor_limits(sample, n_samples, extremes)
     if limits is None:
         return mean, C, M2
     W = np.asarray(sample, dtype=float)
@@ -296,8 +304,10 @@ def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, n
     X = data.X
     d = data.n_features
     if relation == Adjacency.LABEL_FLIP:
-        frame, scatter = _label_flip_frame(_public_moments(X), data.n_samples,
-                                           _raw_sample(X) if sample is None else sample)
+        moments, extremes = _public_moments(X, extremes=True)
+        frame, scatter = _label_flip_frame(moments, data.n_samples,
+                                           _raw_sample(X) if sample is None else sample,
+                                           extremes)
         return (frame, None, True, "the public features (whitened)", None, scatter)
     domain = _public_bound(data.domain, norm_bound, bounds_from_data, d)
     certified, where = True, "the public bound, located by noisy histograms"
@@ -319,11 +329,12 @@ def _raw_sample(X: np.ndarray) -> np.ndarray:
     return sample_rows(X)
 
 
-def _label_flip_frame(moments, n_samples: int, sample) -> tuple[Frame, np.ndarray]:
+def _label_flip_frame(moments, n_samples: int, sample,
+                      extremes=None) -> tuple[Frame, np.ndarray]:
     """Label flip: the whitening frame of the public features and their total scatter in it,
-    from every row's ``moments`` (mean, covariance, centred scatter) and the public row
-    sample (raw rows in priority order, :func:`robust_moments`)."""
-    centre, C, scatter = robust_moments(*moments, n_samples, sample)
+    from every row's ``moments`` (mean, covariance, centred scatter), the public row sample
+    (raw rows in priority order) and every row's extremes (:func:`robust_moments`)."""
+    centre, C, scatter = robust_moments(*moments, n_samples, sample, extremes)
     frame = whitening_frame(centre, C)
     return frame, frame_scatter(frame, scatter)
 
@@ -373,13 +384,14 @@ class _ReachFrame:
         return getattr(self.frame, name)
 
 
-def _response_frame(moments, n_samples: int, sample, epsilon: float, n_classes: int
-                    ) -> _ReachFrame:
+def _response_frame(moments, n_samples: int, sample, epsilon: float, n_classes: int,
+                    extremes=None) -> _ReachFrame:
     """Label flip, the response design's frame (:class:`_ReachFrame`) from every row's
-    ``moments`` (mean, covariance, centred scatter) and the public row sample."""
+    ``moments`` (mean, covariance, centred scatter), the public row sample and every row's
+    extremes."""
     mean, C = moments[:2]
     plain = whitening_frame(mean, C)
-    centre, Cr, _ = robust_moments(*moments, n_samples, sample)
+    centre, Cr, _ = robust_moments(*moments, n_samples, sample, extremes)
     robust = plain if centre is mean else whitening_frame(centre, Cr)
     return _ReachFrame(plain, robust,
                        response_reach(epsilon, n_samples, n_classes, mean.shape[0]))
@@ -441,16 +453,18 @@ def _grouped_rows(X: np.ndarray, codes: np.ndarray, n_classes: int, frame: Frame
     return rows, rows.stats(stage_a, frame.W.shape[1], second=False)[0]
 
 
-def _public_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _public_moments(X: np.ndarray, extremes: bool = False):
     """Label flip: the mean, covariance and centred scatter of the public features, their
-    magnitudes checked (:func:`check_scales`) before the moments are used."""
+    magnitudes checked (:func:`check_scales`) before the moments are used; with
+    ``extremes``, ``(those, (lo, hi))``, each feature's least and greatest value."""
     N, d = X.shape
     with np.errstate(all="ignore"):
         # the moments a streamed source computes (pooled_moments) and max |x| per feature, in
         # one pass; the magnitudes are checked before the moments are used
         m, lo, hi = pooled_moments(X, extremes=True, threads=row_threads())
         check_scales(np.maximum(hi, -lo) if N else np.zeros(d), "the features' magnitudes")
-        return _pooled_covariance(m)
+        moments = _pooled_covariance(m)
+    return (moments, (lo, hi)) if extremes else moments
 
 
 def _pooled_covariance(m) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -963,7 +977,8 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
         m0, sample = got[:2]
         N = int(round(m0.counts[0]))
         frame, total_scatter = _label_flip_frame(
-            _pooled_covariance(m0), N, sample[1] if isinstance(sample, tuple) else sample)
+            _pooled_covariance(m0), N, sample[1] if isinstance(sample, tuple) else sample,
+            (m0.lo, m0.hi))
         clip, where, window = None, "the public features (whitened)", None
         sampled = N > S
         public_rows, public_weights, k = _public_set(frame, N, sample,
@@ -1396,13 +1411,15 @@ class KLCertified(Mechanism):
             if isinstance(sample, tuple):  # (priorities, rows): the rows
                 sample = sample[1]
             N = int(round(m0.counts[0]))
-            frame = _response_frame(_pooled_covariance(m0), N, sample, epsilon, K)
+            frame = _response_frame(_pooled_covariance(m0), N, sample, epsilon, K,
+                                    (m0.lo, m0.hi))
             rows = frame.to_frame(sample)
         else:
             N = data.n_samples
             lead = sample_indices(N)
-            frame = _response_frame(_public_moments(data.X), N,
-                                    np.take(data.X, lead, axis=0), epsilon, K)
+            moments, extremes = _public_moments(data.X, extremes=True)
+            frame = _response_frame(moments, N, np.take(data.X, lead, axis=0), epsilon, K,
+                                    extremes)
             # every row in the frame once; the row sample is its rows of the sampled indices
             # (read through them when the sample is every row: no second copy of the rows)
             T = frame.to_frame(data.X)
