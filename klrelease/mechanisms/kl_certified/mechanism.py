@@ -196,22 +196,21 @@ def winsor_limits(sample: np.ndarray, n_samples: int, extremes=None,
     lo, hi = np.full(d, -np.inf), np.full(d, np.inf)
     beyond = False
     mid = (n - 1) // 2
+    kth = sorted({k, mid, n - 1 - k})
     for a in range(0, d, block):
-        B = np.array(X[:, a:a + block], order="F")
-        kth = sorted({k, mid, n - 1 - k})
+        B = X[:, a:a + block]
         with np.errstate(all="ignore"):
+            # ranks k .. n - 1 - k hold the values between the k-th smallest and the k-th
+            # largest: the trimmed values, a slice of the partitioned copy
             P = np.partition(B, kth, axis=0)
-            q_lo, med, q_hi = P[k], P[mid], P[n - 1 - k]
-            inner = (B >= q_lo) & (B <= q_hi)
-            m = inner.sum(axis=0)
-            s1 = np.where(inner, B, 0.0).sum(axis=0) / m
-            sd = np.sqrt(np.where(inner, (B - s1) ** 2, 0.0).sum(axis=0) / np.maximum(m - 1, 1))
+            med = P[mid]
+            sd = P[k:n - k].std(axis=0, ddof=1)
             ok = np.isfinite(sd) & (sd > 0) & np.isfinite(med)
             below, above = med - reach * sd, med + reach * sd
+        del P
         lo[a:a + block] = np.where(ok, below, -np.inf)
         hi[a:a + block] = np.where(ok, above, np.inf)
         beyond |= bool(np.any((B < lo[a:a + block]) | (B > hi[a:a + block])))
-        del B, P, inner
     if extremes is not None and extremes[0] is not None:
         with np.errstate(invalid="ignore"):
             beyond |= bool(np.any(np.asarray(extremes[0]) < lo)
