@@ -370,10 +370,12 @@ class _ReachFrame:
     reach: float
 
     def to_frame(self, X: np.ndarray) -> np.ndarray:
-        if self.robust is self.frame:
-            return clip_to_norm(self.frame.to_frame(X), self.reach)
         T = clip_to_norm(self.robust.to_frame(X), self.reach)
-        return self.frame.to_frame(self.robust.mean_to_raw(T))
+        if self.robust is self.frame:
+            return T
+        # robust frame -> raw -> frame, one affine map: t (W_r^-1 W) + (c_r - c) W
+        f, r = self.frame, self.robust
+        return affine_rows(T, (f.centre - r.centre) @ r.W, r.W_inv @ f.W)
 
     def __getattr__(self, name: str):
         # (not for dunders or the fields themselves: copy and pickle look those up before
