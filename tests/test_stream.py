@@ -1191,3 +1191,23 @@ def test_streamed_release_with_one_gross_value_equals_in_memory(design, sample, 
             rel = a.gmm
     if sample != 500:  # the clean classes' variance of that feature is theirs, not the row's
         assert np.sort(rel.covariances[:, 1, 1])[1] < 100.0
+
+
+def test_one_pass_release_winsorises_a_gross_value_in_its_block_sample(monkeypatch):
+    """``one_pass``: the frame comes from the block sample, whose extremes reach the frame's
+    winsorising: a 1e6 in a row of the block sample beyond its first SAMPLE_ROWS rows (which
+    the winsorising reads) does not set the frame's scale (the clean classes' variance of
+    that feature stays theirs: about 1 and 4, not 1e5 or more)."""
+    monkeypatch.setattr("klrelease.stream.sample.STAGE_ROWS", 2000)
+    monkeypatch.setattr("klrelease.stream.sample.SAMPLE_ROWS", 500)
+    X, y = _data(n=4000, d=3, offset=20.0)
+    source = ArraySource(X, y, classes=CLASSES, chunk_rows=500)
+    _, (rows, _), _ = source.block_sample(2000)
+    row = int(np.flatnonzero((X == rows[1500]).all(axis=1))[0])
+    X[row, 1] = 1e6
+    kw = dict(epsilon=2.0, delta=1e-6, classes=CLASSES, design="gaussian", seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = klrelease.release(ArraySource(X, y, chunk_rows=500), None, one_pass=True, **kw)
+    assert "one pass over every row" in r.options["early_stages"]
+    assert np.sort(r.gmm.covariances[:, 1, 1])[1] < 100.0

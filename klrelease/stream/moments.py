@@ -78,7 +78,9 @@ class ClassMoments:
         means = self.means + delta * (nb / safe)[:, None]
         w = (na * nb / safe)[:, None, None]
         scat = self.scatters + other.scatters + w * (delta[:, :, None] * delta[:, None, :])
-        if self.lo is None or other.lo is None:
+        if (self.lo is None) != (other.lo is None):
+            raise ValueError("merging moments with and without their columns' extremes")
+        if self.lo is None:
             return ClassMoments(n, means, scat)
         return ClassMoments(n, means, scat, np.minimum(self.lo, other.lo),
                             np.maximum(self.hi, other.hi))

@@ -177,14 +177,15 @@ def winsor_limits(sample: np.ndarray, n_samples: int, extremes=None,
     ``n_samples`` rows, or ``None`` when no value of the sample, nor of ``extremes`` (every
     row's least and greatest value per feature, where known), lies beyond them.
 
-    A feature's trimmed spread ``s`` is the standard deviation of its sample values between
-    the ``k``-th smallest and the ``k``-th largest (``k = max(3, ceil(FRAME_TRIM n))`` of
-    ``n`` rows), so that ``k`` rows at either end cannot set it; the limits are the median
-    plus or minus ``c s``, ``c = max(FRAME_REACH, sqrt(FRAME_SHARE N))``: a value lies beyond
-    them when its square alone, spread over the N rows, would add more than ``FRAME_SHARE``
-    times ``s^2`` to the feature's variance, i.e. one row would set the frame's scale of that
-    feature (a missing-value code among thousands of rows). Such rows then lie far out in
-    the frame instead. A feature whose trimmed values are all equal (or whose sample is too
+    A feature's trimmed spread ``s`` is the standard deviation of its sample values after
+    dropping the ``k`` smallest and the ``k`` largest (the order statistics of ranks ``k ..
+    n - 1 - k`` from 0; ``k = max(3, ceil(FRAME_TRIM n))`` of ``n`` rows; of tied values at a
+    cut, only as many as those ranks hold), so that ``k`` rows at either end cannot set it;
+    the limits are the median plus or minus ``c s``, ``c = max(FRAME_REACH, sqrt(FRAME_SHARE
+    N))``: a value lies beyond them when its square alone, spread over the N rows, would add
+    more than ``FRAME_SHARE`` times ``s^2`` to the feature's variance, i.e. one row would set
+    the frame's scale of that feature (a missing-value code among thousands of rows). Such
+    rows then lie far out in the frame instead. A feature whose trimmed values are all equal (or whose sample is too
     small to trim) is not winsorised. A function of the public features only (the same rows
     in memory and streamed); memory ``n x block`` at a time."""
     X = np.asarray(sample, dtype=float)
@@ -200,8 +201,8 @@ def winsor_limits(sample: np.ndarray, n_samples: int, extremes=None,
     for a in range(0, d, block):
         B = X[:, a:a + block]
         with np.errstate(all="ignore"):
-            # ranks k .. n - 1 - k hold the values between the k-th smallest and the k-th
-            # largest: the trimmed values, a slice of the partitioned copy
+            # ranks k .. n - 1 - k (from 0) hold the values left after dropping the k smallest
+            # and the k largest: the trimmed values, a slice of the partitioned copy
             P = np.partition(B, kth, axis=0)
             med = P[mid]
             sd = P[k:n - k].std(axis=0, ddof=1)
@@ -1070,9 +1071,11 @@ def _pass_one_of_sample(sample, n_classes: int, label_flip: bool):
     counts = (N / X.shape[0]) * np.bincount(codes, minlength=n_classes).astype(float)
     if not label_flip:
         return None, None, counts, (X, codes)
-    mean, _, M2 = _public_moments(X)
+    (mean, _, M2), (lo, hi) = _public_moments(X, extremes=True)
+    # (the sample's extremes: a gross value in its rows beyond the first SAMPLE_ROWS, which
+    # the frame's winsorising reads, calls for the winsorised moments too)
     m0 = ClassMoments(np.array([float(N)]), mean[None, :],
-                      (M2 * ((N - 1) / max(X.shape[0] - 1, 1)))[None, :, :])
+                      (M2 * ((N - 1) / max(X.shape[0] - 1, 1)))[None, :, :], lo, hi)
     return m0, X[:SAMPLE_ROWS], counts, (X, codes)
 
 
