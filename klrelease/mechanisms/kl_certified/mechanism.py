@@ -185,9 +185,9 @@ def winsor_limits(sample: np.ndarray, n_samples: int, extremes=None,
     N))``: a value lies beyond them when its square alone, spread over the N rows, would add
     more than ``FRAME_SHARE`` times ``s^2`` to the feature's variance, i.e. one row would set
     the frame's scale of that feature (a missing-value code among thousands of rows). Such
-    rows then lie far out in the frame instead. A feature whose trimmed values are all equal (or whose sample is too
-    small to trim) is not winsorised. A function of the public features only (the same rows
-    in memory and streamed); memory ``n x block`` at a time."""
+    rows then lie far out in the frame instead. A feature whose trimmed values are all equal
+    (or whose sample is too small to trim) is not winsorised. A function of the public
+    features only (the same rows in memory and streamed); memory ``n x block`` at a time."""
     X = np.asarray(sample, dtype=float)
     n, d = X.shape
     k = max(FRAME_TRIM_LEAST, int(np.ceil(FRAME_TRIM * n)))
