@@ -1907,6 +1907,11 @@ def test_one_gross_value_under_label_flip_costs_its_own_row_not_every_class():
         assert kl < 5.0, (eps, design_, kl)
     # (6e-4 with the response design's shrinkage not capped by the rows its reports move)
     assert mean_kl(20.0)[0] < 1e-4
+    # the artifact says where the frame comes from: winsorised here, not on clean rows
+    for extra in ({}, {"design": "gaussian"}):
+        assert "winsorised" in kr.plan(X, y, epsilon=2.0, **kw, **extra).public_options["frame"]
+        clean = kr.plan(*_one_gross_value(value=0.0), epsilon=2.0, **kw, **extra)
+        assert clean.public_options["frame"] == "the public features (whitened)"
 
 
 def test_robust_moments_winsorise_to_the_most_extreme_value_within_the_limits():

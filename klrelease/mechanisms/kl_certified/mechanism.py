@@ -305,10 +305,9 @@ def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, n
     d = data.n_features
     if relation == Adjacency.LABEL_FLIP:
         moments, extremes = _public_moments(X, extremes=True)
-        frame, scatter = _label_flip_frame(moments, data.n_samples,
-                                           _raw_sample(X) if sample is None else sample,
-                                           extremes)
-        return (frame, None, True, "the public features (whitened)", None, scatter)
+        frame, scatter, where = _label_flip_frame(
+            moments, data.n_samples, _raw_sample(X) if sample is None else sample, extremes)
+        return (frame, None, True, where, None, scatter)
     domain = _public_bound(data.domain, norm_bound, bounds_from_data, d)
     certified, where = True, "the public bound, located by noisy histograms"
     if domain is None:
@@ -329,14 +328,23 @@ def _raw_sample(X: np.ndarray) -> np.ndarray:
     return sample_rows(X)
 
 
+#: Label flip: where the frame comes from (the artifact's ``frame``), with every row's moments
+#: or with the winsorised sample's (:func:`robust_moments`; the features are public).
+_WHITENED = "the public features (whitened)"
+_WINSORISED = ("the public features (whitened; their moments winsorised where one value "
+               "would set a feature's scale)")
+
+
 def _label_flip_frame(moments, n_samples: int, sample,
-                      extremes=None) -> tuple[Frame, np.ndarray]:
-    """Label flip: the whitening frame of the public features and their total scatter in it,
-    from every row's ``moments`` (mean, covariance, centred scatter), the public row sample
-    (raw rows in priority order) and every row's extremes (:func:`robust_moments`)."""
+                      extremes=None) -> tuple[Frame, np.ndarray, str]:
+    """Label flip: the whitening frame of the public features, their total scatter in it and
+    where the frame comes from, from every row's ``moments`` (mean, covariance, centred
+    scatter), the public row sample (raw rows in priority order) and every row's extremes
+    (:func:`robust_moments`)."""
     centre, C, scatter = robust_moments(*moments, n_samples, sample, extremes)
     frame = whitening_frame(centre, C)
-    return frame, frame_scatter(frame, scatter)
+    return (frame, frame_scatter(frame, scatter),
+            _WHITENED if centre is moments[0] else _WINSORISED)
 
 
 def response_reach(epsilon: float, n_samples: int, n_classes: int, d: int) -> float:
@@ -978,10 +986,10 @@ def stream_inputs(source, relation: Adjacency, bounds_from_data: bool, norm_boun
                 labelled=S, far=far_per_feature(d)))
         m0, sample = got[:2]
         N = int(round(m0.counts[0]))
-        frame, total_scatter = _label_flip_frame(
+        frame, total_scatter, where = _label_flip_frame(
             _pooled_covariance(m0), N, sample[1] if isinstance(sample, tuple) else sample,
             (m0.lo, m0.hi))
-        clip, where, window = None, "the public features (whitened)", None
+        clip, window = None, None
         sampled = N > S
         public_rows, public_weights, k = _public_set(frame, N, sample,
                                                      got[4] if len(got) > 4 else None)
@@ -1454,7 +1462,8 @@ class KLCertified(Mechanism):
 
         public = {"adjacency": Adjacency.LABEL_FLIP.value,
                   "adjacency_meaning": ADJACENCY_DESCRIPTIONS[Adjacency.LABEL_FLIP],
-                  "design": "response", "frame": "the public features (whitened)",
+                  "design": "response",
+                  "frame": _WHITENED if frame.robust is frame.frame else _WINSORISED,
                   "response": {"classes": K,
                                "keep": response_probabilities(epsilon, K)[0]},
                   "classes_declared": declared, "frame_from_data": False}
