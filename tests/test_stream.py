@@ -1211,3 +1211,13 @@ def test_one_pass_release_winsorises_a_gross_value_in_its_block_sample(monkeypat
         r = klrelease.release(ArraySource(X, y, chunk_rows=500), None, one_pass=True, **kw)
     assert "one pass over every row" in r.options["early_stages"]
     assert np.sort(r.gmm.covariances[:, 1, 1])[1] < 100.0
+
+
+def test_dask_release_with_one_gross_value_equals_in_memory():
+    """Label flip on a Dask cluster (the Gaussian design there): the partitions' extremes and
+    row sample reach the frame's winsorising as in memory; same seed, same release."""
+    X, y = _data(n=3000, d=3, offset=20.0)
+    X[11, 2] = -1e6
+    _assert_dask_release_equals_in_memory(X, y, 700, epsilon=2.0, design="gaussian")
+    p = klrelease.plan(X, y, epsilon=2.0, delta=1e-6, classes=CLASSES, design="gaussian")
+    assert "winsorised" in p.public_options["frame"]
