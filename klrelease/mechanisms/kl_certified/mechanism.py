@@ -299,14 +299,16 @@ def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, n
     """:func:`public_frame` without the rows: ``(frame, clip, certified, where, window,
     scatter)``, ``clip`` the map clipping frame rows into the bound and ``scatter`` the public
     scatter of the rows in the frame (``sum t t^T``; label flip), ``None`` where not used.
-    ``sample``: label flip, the public row sample's raw rows (:func:`_raw_sample`) when the
-    caller has them."""
+    ``sample``: label flip, the public row sample's raw rows in priority order
+    (:func:`~klrelease.stream.sample.sample_rows`) when the caller has them."""
     X = data.X
     d = data.n_features
     if relation == Adjacency.LABEL_FLIP:
+        from ...stream.sample import sample_rows
+
         moments, extremes = _public_moments(X, extremes=True)
         frame, scatter, where = _label_flip_frame(
-            moments, data.n_samples, _raw_sample(X) if sample is None else sample, extremes)
+            moments, data.n_samples, sample_rows(X) if sample is None else sample, extremes)
         return (frame, None, True, where, None, scatter)
     domain = _public_bound(data.domain, norm_bound, bounds_from_data, d)
     certified, where = True, "the public bound, located by noisy histograms"
@@ -318,14 +320,6 @@ def _frame_of(data: LabelledData, relation: Adjacency, bounds_from_data: bool, n
         certified, where = False, "the private data (bounds_from_data=True)"
     frame, clip = bound_frame(domain)
     return frame, clip, certified, where, _bound_window(domain), None
-
-
-def _raw_sample(X: np.ndarray) -> np.ndarray:
-    """Label flip, in memory: the public row sample's raw rows, in priority order (what a
-    streamed pass keeps; every row when there are at most ``SAMPLE_ROWS``)."""
-    from ...stream.sample import sample_rows
-
-    return sample_rows(X)
 
 
 #: Label flip: where the frame comes from (the artifact's ``frame``), with every row's moments
@@ -368,43 +362,40 @@ def response_reach(epsilon: float, n_samples: int, n_classes: int, d: int) -> fl
 
 
 @dataclass(frozen=True)
-class _ReachFrame:
-    """The response design's frame: rows drawn in to the norm ``reach``
+class _ReachRows:
+    """The response design's map of raw rows into its frame: drawn in to the norm ``reach``
     (:func:`response_reach`) in the robust frame ``robust`` (:func:`robust_moments`), then
-    mapped to ``frame``, the whitening frame of every row's own moments, whose maps back to
-    raw units these are (where the two frames are one, one map)."""
+    mapped to ``frame``, the whitening frame of every row's own moments, in which the design
+    estimates (where the two frames are one, one map)."""
 
     frame: Frame
     robust: Frame
     reach: float
 
+    @property
+    def winsorised(self) -> bool:
+        return self.robust is not self.frame
+
     def to_frame(self, X: np.ndarray) -> np.ndarray:
         T = clip_to_norm(self.robust.to_frame(X), self.reach)
-        if self.robust is self.frame:
+        if not self.winsorised:
             return T
         # robust frame -> raw -> frame, one affine map: t (W_r^-1 W) + (c_r - c) W
         f, r = self.frame, self.robust
         return affine_rows(T, (f.centre - r.centre) @ r.W, r.W_inv @ f.W)
 
-    def __getattr__(self, name: str):
-        # (not for dunders or the fields themselves: copy and pickle look those up before
-        # the fields exist)
-        if name.startswith("__") or name in ("frame", "robust", "reach"):
-            raise AttributeError(name)
-        return getattr(self.frame, name)
 
-
-def _response_frame(moments, n_samples: int, sample, epsilon: float, n_classes: int,
-                    extremes=None) -> _ReachFrame:
-    """Label flip, the response design's frame (:class:`_ReachFrame`) from every row's
+def _response_rows(moments, n_samples: int, sample, epsilon: float, n_classes: int,
+                   extremes=None) -> _ReachRows:
+    """Label flip, the response design's row map (:class:`_ReachRows`) from every row's
     ``moments`` (mean, covariance, centred scatter), the public row sample and every row's
     extremes."""
     mean, C = moments[:2]
     plain = whitening_frame(mean, C)
     centre, Cr, _ = robust_moments(*moments, n_samples, sample, extremes)
     robust = plain if centre is mean else whitening_frame(centre, Cr)
-    return _ReachFrame(plain, robust,
-                       response_reach(epsilon, n_samples, n_classes, mean.shape[0]))
+    return _ReachRows(plain, robust,
+                      response_reach(epsilon, n_samples, n_classes, mean.shape[0]))
 
 
 def frame_scatter(frame: Frame, scatter: np.ndarray) -> np.ndarray:
@@ -1423,23 +1414,23 @@ class KLCertified(Mechanism):
             if isinstance(sample, tuple):  # (priorities, rows): the rows
                 sample = sample[1]
             N = int(round(m0.counts[0]))
-            frame = _response_frame(_pooled_covariance(m0), N, sample, epsilon, K,
-                                    (m0.lo, m0.hi))
-            rows = frame.to_frame(sample)
+            reach = _response_rows(_pooled_covariance(m0), N, sample, epsilon, K,
+                                   (m0.lo, m0.hi))
+            rows = reach.to_frame(sample)
         else:
             N = data.n_samples
             lead = sample_indices(N)
             moments, extremes = _public_moments(data.X, extremes=True)
-            frame = _response_frame(moments, N, np.take(data.X, lead, axis=0), epsilon, K,
-                                    extremes)
+            reach = _response_rows(moments, N, np.take(data.X, lead, axis=0), epsilon, K,
+                                   extremes)
             # every row in the frame once; the row sample is its rows of the sampled indices
             # (read through them when the sample is every row: no second copy of the rows)
-            T = frame.to_frame(data.X)
+            T = reach.to_frame(data.X)
             if N <= SAMPLE_ROWS:
                 rows, index = T, lead
             else:
                 rows = T[lead]
-        classes = data.classes
+        frame, classes = reach.frame, data.classes
         guarantee = response_guarantee(self.name, epsilon, delta, K, declared,
                                        "klrelease/mechanisms/kl_certified/kl_certified.md")
 
@@ -1463,7 +1454,7 @@ class KLCertified(Mechanism):
         public = {"adjacency": Adjacency.LABEL_FLIP.value,
                   "adjacency_meaning": ADJACENCY_DESCRIPTIONS[Adjacency.LABEL_FLIP],
                   "design": "response",
-                  "frame": _WHITENED if frame.robust is frame.frame else _WINSORISED,
+                  "frame": _WINSORISED if reach.winsorised else _WHITENED,
                   "response": {"classes": K,
                                "keep": response_probabilities(epsilon, K)[0]},
                   "classes_declared": declared, "frame_from_data": False}
@@ -1479,7 +1470,7 @@ class KLCertified(Mechanism):
             return last_resort(lambda: GMM(np.full(K, 1.0 / K), np.broadcast_to(
                 frame.centre, (K, d)).copy(), covs, classes), K, d, classes)
 
-        return response_plan(data, name=self.name, epsilon=epsilon, frame=frame,
+        return response_plan(data, name=self.name, epsilon=epsilon, frame=reach,
                              estimate=estimate, guarantee=guarantee, public=public,
                              fallback=public_model, rows=T)
 
