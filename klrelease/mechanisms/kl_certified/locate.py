@@ -68,11 +68,12 @@ LOCATE = {
     "spilled_z": 4.0,
     # at least this share of the rows, and this many noise sds, clipped into the second
     # round's edge bins from beyond its window (beyond the first round's counts of the same
-    # intervals) widen the located scale by those rows spread over a window beyond each edge
+    # intervals) widen the located scale by those rows spread beyond each edge
     "edge_share": 0.05,
     "edge_z": 3.0,
     # ... spread as far out as the first round's counts beyond the edge reach them, less
-    # this many noise sds of the difference (:func:`edge_scale`, :func:`_reach`)
+    # this many noise sds (of the estimate, the two sides' summed one, and of the running
+    # sum together; :func:`edge_scale`, :func:`_reach`)
     "reach_z": 2.0,
     # first round: a feature none of whose bins holds half the rows above the threshold (a
     # few hundred rows in a bound 100 times their range fall in three or four bins, each
@@ -449,7 +450,8 @@ def edge_scale(pub, output: dict, window: Window, centre: np.ndarray,
 def _reach(counts: np.ndarray, rows: float, inside: float, w: float, sd: float,
            sd_rows: float, seen: float) -> float:
     """How far beyond a window's edge one feature's first-round noisy ``counts`` hold ``rows``
-    rows (an estimate of noise sd ``sd_rows``; post-processing): the bins, of width ``w`` and
+    rows (an estimate of noise sd at most ``sd_rows``: :func:`edge_scale` passes the sd of
+    both sides' summed estimate; post-processing): the bins, of width ``w`` and
     noise sd ``sd``, in the order they lie outward from that edge (reversed for a lower
     edge), the first ``inside`` of them (rounded) within the window; the least distance at
     which their running sum both reaches ``rows`` less ``reach_z`` noise sds of the
