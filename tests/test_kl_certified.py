@@ -657,6 +657,50 @@ def test_clipping_radii_outgrow_heavy_tails():
     assert kl[1] < 0.5 * kl[0] and kl[1] < 0.12, kl
 
 
+def test_stage_c_radii_grow_to_the_tail_stage_t_shows(monkeypatch):
+    """Replace-one, 2% of one class's rows 8x further out, eps = 50: stage T's histogram shows
+    them, and that class's last-round radius grows to them (:func:`design.tail_fit_radius`;
+    E[KL] 0.32 -> 0.06 against the radius that ignores where the rows are), the clean
+    class's radius is unchanged, and the grown design keeps every stage within its
+    sensitivity for neighbours that move a far row to the bound's corners."""
+    rng = np.random.default_rng(11)
+    n, d = 20_000, 4
+    y = rng.integers(0, 2, n)
+    X = 3.0 * y[:, None] + rng.normal(size=(n, d))
+    far = (y == 1) & (rng.random(n) < 0.02)
+    X[far] *= 8.0
+    lo, hi = X.min(0) - 0.25 * np.ptp(X, 0), X.max(0) + 0.25 * np.ptp(X, 0)
+    fit = kr.fit_gmm(X, y)
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1))
+    data = kr.as_labelled_data(X, y, classes=[0, 1], bounds=(lo, hi))
+    kw = dict(epsilon=50.0, delta=1e-5, adjacency="replace-one")
+
+    def last_radius(p, out):
+        w = p.working(out)
+        first = design.stage_c_design(w, out)
+        last = design.round_two_design(w, out, first) if len(first["shares"]) > 1 else first
+        return last["noise"].radius
+
+    p = kr.plan(data, None, **kw)
+    assert p.public.budget.tails > 0
+    out = p.sample(np.random.default_rng(0))
+    grown = last_radius(p, out)
+    kl = kr.expected_kl(p, ref, n_draws=8, seed=1).mean
+    for j, i in enumerate(np.flatnonzero(far)[:4]):  # the grown design's privacy map
+        Xn = X.copy()
+        Xn[i] = lo if j % 2 else hi
+        q = kr.plan(data.with_features(Xn), None, **kw)
+        got, allowed = _stage_sensitivities(p, q, out)
+        assert np.all(got <= allowed * (1 + 1e-9)), (got, allowed)
+    monkeypatch.setitem(design.SETTINGS, "tail_fit", False)
+    p = kr.plan(data, None, **kw)
+    plain = last_radius(p, out)
+    without = kr.expected_kl(p, ref, n_draws=8, seed=1).mean
+    assert grown[0] == plain[0]  # no rows beyond the clean class's radius
+    assert grown[1] > 1.5 * plain[1], (grown, plain)
+    assert kl < 0.4 * without, (kl, without)
+
+
 def test_one_round_regions_cover_precise_classes(monkeypatch):
     """Replace-one, one stage-C round: a class whose second moments are precise gets a region
     shaped like the pooled covariance as estimated (covering), not lowered by stage B's noise

@@ -662,7 +662,10 @@ HELDOUT_TUNED = ("`response_noise_floor` (the response design's eigenvalue floor
                  "after its fault was found on `heplots.TIPI`, one of these sets; the response "
                  "design's frame (every row's whitening frame, the rows drawn in to its reach "
                  "in the winsorised frame), chosen after the winsorised frame alone made "
-                 "`heplots.TIPI` 2.3x worse at eps 5")
+                 "`heplots.TIPI` 2.3x worse at eps 5; `tail_noise` (the weight of the noise "
+                 "against the clipping bias where stage C's radii grow to the tail stage T "
+                 "shows: 4, of 1, 2, 4 and 16, the least with none of these or the "
+                 "development sets more than 10% worse under replace-one at eps 5 to 1000)")
 
 
 def heldout_datasets(names=HELDOUT):
