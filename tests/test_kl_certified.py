@@ -2023,3 +2023,33 @@ def test_robust_moments_winsorise_to_the_most_extreme_value_within_the_limits():
     clean = X[1:]
     got = robust_moments(mean, C, M2, X.shape[0], clean)
     assert got[0] is mean and got[1] is C and got[2] is M2
+
+
+def test_a_far_row_does_not_stretch_the_second_locating_window_over_the_bound():
+    """Replace-one, one value of 1e6 in a 0/1 feature (2000 rows, box 1.5 times the range):
+    at eps = 1000 that row alone passes the first round's threshold, and a window spanning it
+    put the other rows in one bin of the second round, whose located scale was then the
+    bound's (1.6e4 in one draw of 16: E[KL] 3.2e4 there). Isolated end groups of at most
+    0.002 N rows are left out of the span; a far group of 5% of the rows is kept."""
+    from klrelease.mechanisms.kl_certified import locate
+
+    window = locate.Window(np.array([-1.0, -1.0]), np.array([1.0, 1.0]))
+    noisy = np.zeros((2, 256))
+    noisy[:, 0] = 1999.0
+    noisy[0, 255] = 1.0  # one far row
+    noisy[1, 255] = 100.0  # a far mode: kept
+    w2 = locate.occupied(noisy, window, 0.7, 2000)
+    assert w2.hi[0] == pytest.approx(-1.0 + 2 * 2 / 256)
+    assert w2.hi[1] == 1.0
+    rng = np.random.default_rng(3)
+    n, d = 2000, 5
+    y = rng.integers(0, 2, n)
+    X = 2.0 * y[:, None] + rng.normal(size=(n, d))
+    X[:, 0] = (rng.random(n) < 0.03).astype(float)
+    X[7, 0] = 1e6
+    fit = kr.fit_gmm(X, y)
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1))
+    data = kr.as_labelled_data(X, y, classes=[0, 1], bounds=(X.min(0) - 1, X.max(0) + 1))
+    p = kr.plan(data, None, epsilon=1000.0, delta=1e-5, adjacency="replace-one")
+    kl = kr.expected_kl(p, ref, n_draws=16, seed=0).values
+    assert np.max(kl) < 20.0, np.max(kl)  # one row of class 1 holds its fit: KL ~ 10 there
