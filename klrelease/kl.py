@@ -29,7 +29,13 @@ def gaussian_kl(m0, S0, m1, S1) -> np.ndarray:
     given a negative divergence by the cancellation of ``tr`` against ``d`` and of one
     log-determinant against the other (ill-conditioned covariances, KLs below 1e-12)."""
     m0, S0, m1, S1 = (np.asarray(a, dtype=float) for a in (m0, S0, m1, S1))
-    L1 = np.linalg.cholesky(S1)
+    try:
+        L1 = np.linalg.cholesky(S1)
+    except np.linalg.LinAlgError:
+        raise ValueError("the second covariance (the reference) is not positive definite: the "
+                         "KL divergence to it is not finite (a class whose fitted covariance "
+                         "is singular, e.g. a feature constant within it; fit it with a small "
+                         "ridge)") from None
     diff = (m1 - m0)[..., None]
     sol_m = np.linalg.solve(L1, diff)
     with np.errstate(over="ignore"):  # (means a float range apart: inf, quietly)

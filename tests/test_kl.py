@@ -50,6 +50,14 @@ def test_kl_accepts_every_covariance_a_release_accepts():
     assert np.isfinite(val) and val > 0
     with pytest.raises(ValueError, match="positive definite"):
         gaussian_kl(np.zeros(d), -np.eye(d), np.zeros(d), np.eye(d))
+    # a singular reference (a fit whose class holds a constant feature): a clear error, not
+    # numpy's LinAlgError
+    X = np.random.default_rng(0).normal(size=(60, 3))
+    y = np.repeat([0, 1], 30)
+    X[y == 1, 2] = 0.0
+    fit = kr.fit_gmm(X, y)
+    with pytest.raises(ValueError, match="reference.*not positive definite"):
+        kr.kl_divergence(fit, fit)
 
 
 def _textbook_kl(m0, S0, m1, S1):

@@ -1467,7 +1467,8 @@ def test_a_first_round_false_positive_no_longer_stretches_the_located_scale(monk
 
 def test_confirmed_groups_refutes_only_a_group_the_second_round_does_not_see():
     """Released counts made up for one feature: the rows in first-round bins 126-129, a
-    lone passing bin at 230 (the window stretches to reach it). Refuted, and the located
+    lone passing bin at 230 holding more than a trimmed group (the window stretches to reach
+    it). Refuted, and the located
     scale taken from the rows' group, when the second round sees nothing there; kept when
     the second round sees about as many rows there as the first round did (within the
     margin), or when it sees rows outside the confirmed groups' bins."""
@@ -1485,7 +1486,8 @@ def test_confirmed_groups_refutes_only_a_group_the_second_round_does_not_see():
     t1, t2 = locate._threshold(pub, 256), locate._threshold(pub, b2)
     first = np.zeros((1, 256))
     first[0, 126:130] = [100.0, 350.0, 350.0, 100.0]
-    first[0, 230] = t1 + 1.0  # passes: the window reaches it
+    c1 = t1 + 0.002 * n + 1.0  # passes, and more than a trimmed group: the window reaches it
+    first[0, 230] = c1
     out = {"locate_1": first}
     window = locate.second_window(pub, out)
     edges = window.lo[0] + np.arange(b2 + 1) * window.width(b2)[0]
@@ -1502,10 +1504,10 @@ def test_confirmed_groups_refutes_only_a_group_the_second_round_does_not_see():
     assert set(got) == {0}
     assert got[0][1] < 0.01 * (window.hi[0] - window.lo[0])  # the rows' own spread
     seen = second.copy()
-    seen[0, lone] = min(t2, t1 + 1.0)  # about what the first round counted there
+    seen[0, lone] = min(t2, c1)  # about what the first round counted there
     assert frame(seen) == {}
     faint = second.copy()
-    faint[0, lone] = (t1 + 1.0) - 2.5 * sd * np.sqrt(2.0)  # clearly fewer: refuted
+    faint[0, lone] = c1 - 2.5 * sd * np.sqrt(2.0)  # clearly fewer: refuted
     assert set(frame(faint)) == {0}
     elsewhere = second.copy()
     others = [k for k in range(b2) if k not in (rows, lone)]
@@ -2029,8 +2031,9 @@ def test_a_far_row_does_not_stretch_the_second_locating_window_over_the_bound():
     """Replace-one, one value of 1e6 in a 0/1 feature (2000 rows, box 1.5 times the range):
     at eps = 1000 that row alone passes the first round's threshold, and a window spanning it
     put the other rows in one bin of the second round, whose located scale was then the
-    bound's (1.6e4 in one draw of 16: E[KL] 3.2e4 there). Isolated end groups of at most
-    0.002 N rows are left out of the span; a far group of 5% of the rows is kept."""
+    bound's (1.6e4 in one draw of 16: E[KL] 3.2e4 there). End groups farther from the rest
+    than its width, at most 0.002 N rows over the threshold, are left out of the span; a far
+    group of 5% of the rows is kept."""
     from klrelease.mechanisms.kl_certified import locate
 
     window = locate.Window(np.array([-1.0, -1.0]), np.array([1.0, 1.0]))
@@ -2041,6 +2044,14 @@ def test_a_far_row_does_not_stretch_the_second_locating_window_over_the_bound():
     w2 = locate.occupied(noisy, window, 0.7, 2000)
     assert w2.hi[0] == pytest.approx(-1.0 + 2 * 2 / 256)
     assert w2.hi[1] == 1.0
+    # the far row passing at the threshold's edge (eps 20: count 16.2 against 16) is left
+    # out too; a feature's own tail, a group near the rest, is kept
+    noisy = np.zeros((2, 256))
+    noisy[0, 0], noisy[0, 236] = 1999.0, 16.2
+    noisy[1, 100:150], noisy[1, 160] = 39.0, 20.0
+    w2 = locate.occupied(noisy, window, 16.0, 2000)
+    assert w2.hi[0] == pytest.approx(-1.0 + 2 * 2 / 256)
+    assert w2.hi[1] == pytest.approx(-1.0 + 2 * 162 / 256)
     rng = np.random.default_rng(3)
     n, d = 2000, 5
     y = rng.integers(0, 2, n)

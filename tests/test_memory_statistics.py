@@ -182,13 +182,15 @@ def test_frame_scatter_is_the_scatter_of_the_frame_rows():
 
 
 @pytest.mark.parametrize("single", [True, False])
-@pytest.mark.parametrize("radius", [0.0, 0.8, 2.0, np.inf])
-def test_tail_corrections_match_reference(radius, single, monkeypatch):
+@pytest.mark.parametrize("radius, before", [(0.0, None), (0.8, None), (2.0, None),
+                                            (np.inf, None), (2.0, 1.0)])
+def test_tail_corrections_match_reference(radius, before, single, monkeypatch):
     """Only rows the clip moves add to the tail corrections: the same as summing all rows
     (to float32's rounding where the products run in single precision, exactly in double),
     each row counted at most ``tail_reach g^2 r`` from the centre (here g = 1 at radius 0.8:
     the t(3) rows beyond 2.4 count at 2.4; g = 2 at radius 2.0, the reach 24; a zero radius
-    reaches nowhere)."""
+    reaches nowhere). A radius that stage T's tail fit grew (2.0 from ``before`` = 1.0) keeps
+    the reach of the radius before it (3), at least the radius."""
     from types import SimpleNamespace
 
     from klrelease.mechanisms.kl_certified import design
@@ -202,11 +204,13 @@ def test_tail_corrections_match_reference(radius, single, monkeypatch):
     resp = rng.dirichlet(np.ones(K), size=T.shape[0])
     reg = SimpleNamespace(centres=rng.normal(size=(K, D)) * 0.3,
                           W=np.stack([np.eye(D) * rng.uniform(0.5, 2) for _ in range(K)]),
-                          radius=np.full(K, radius))
+                          radius=np.full(K, radius),
+                          reach_radius=None if before is None else np.full(K, before))
     pub = SimpleNamespace(public_rows=T, n_classes=K, n_features=D, n_samples=10 * T.shape[0],
                           _cache={}, settings=dict(design.SETTINGS), region_radius=1.0)
     E1, E2 = tail_corrections(pub, reg, resp)
-    reach = design.SETTINGS["tail_reach"] * max(radius, 1.0) ** 2 * radius
+    r0 = radius if before is None else before
+    reach = max(design.SETTINGS["tail_reach"] * max(r0, 1.0) ** 2 * r0, radius)
     capped = 0
     for k in range(K):
         U = (T - reg.centres[k]) @ reg.W[k]
@@ -235,7 +239,7 @@ def test_tail_corrections_count_rows_beyond_the_float_range_at_the_reach():
     def corrections(row):
         T = np.array([row, [0.1, 0.0]])
         reg = SimpleNamespace(centres=np.zeros((1, 2)), W=np.eye(2)[None] * 2.0,
-                              radius=np.array([1.0]))
+                              radius=np.array([1.0]), reach_radius=None)
         pub = SimpleNamespace(public_rows=T, n_classes=1, n_features=2, n_samples=2,
                               _cache={}, settings=dict(design.SETTINGS), region_radius=1.0)
         return tail_corrections(pub, reg, np.ones((2, 1)))

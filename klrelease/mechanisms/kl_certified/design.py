@@ -96,7 +96,7 @@ SETTINGS = {
     # ... and grow past it where that histogram shows rows beyond them and the clipping bias
     # they show outweighs the noise a larger radius adds (:func:`tail_fit_radius`; on the
     # held-out sets, replace-one with the 1.5x box, 8 draws, eps 5 / 20 / 100 / 1000: geometric
-    # mean of E[KL] 0.99 / 0.96 / 0.94 / 0.83 of its figures without, no set 10% worse)
+    # mean of E[KL] 0.99 / 0.97 / 0.94 / 0.83 of its figures without, no set 10% worse)
     "tail_fit": True,
     "tail_noise": 4.0,  # its noise cost counted this x (of 1, 2, 4, 16 measured: the least
     #                     with no held-out or development set more than 10% worse)
@@ -747,6 +747,9 @@ class Regions:
     shape: np.ndarray | None
     is_global: np.ndarray  # (K,) bool: the stage-A ball was cheaper for this class
     radius: np.ndarray  # (K,) clipping radius in the region's coordinates
+    #: (K,) the radius before :func:`tail_fit_radius` grew it, from which the label-flip tail
+    #: corrections' reach is taken (``None``: ``radius``)
+    reach_radius: np.ndarray | None = None
 
     def shape_of(self, k: int) -> np.ndarray:
         """Class ``k``'s shape ``W_inv_k^2``, as the Gram ``W_inv_k W_inv_k^T`` of the
@@ -1001,7 +1004,8 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     counted themselves, not stood for by a few sampled rows scaled by N over the sample.
 
     A row counts as if it lay at most ``tail_reach g^2 r`` from the region's centre (``r``
-    the class's radius, ``g = r /`` the region level's chi-square radius, at least 1): the
+    the class's radius, or the radius before :func:`tail_fit_radius` grew it, at least the
+    radius; ``g = r /`` the region level's chi-square radius, at least 1): the
     posterior of a row far beyond every class's region is decided by the classes' Gaussian
     tails, and a row given to the wrong class widens it without bound (KL linear in the
     variance ratio) where leaving it clipped costs the logarithm. The reach grows with the
@@ -1017,8 +1021,11 @@ def tail_corrections(pub: PublicInputs, reg: Regions, resp: np.ndarray):
     for k in range(K):
         on = np.flatnonzero(resp[:, k] > NEGLIGIBLE_POSTERIOR)
         r = float(reg.radius[k])
-        g = max(r / pub.region_radius, 1.0) if pub.region_radius > 0 else 1.0
-        far = max(reach * g * g * r, r)  # the farthest a row counts
+        r0 = r if reg.reach_radius is None else float(reg.reach_radius[k])
+        g = max(r0 / pub.region_radius, 1.0) if pub.region_radius > 0 else 1.0
+        # the farthest a row counts: from the radius before stage T's tail fit grew it (that
+        # growth follows rows the histogram shows, not the budget's growth the reach follows)
+        far = max(reach * g * g * r0, r)
         dt = single_precision(pub, reg.centres[k], reg.W[k], top)
         c, W = reg.centres[k].astype(dt), reg.W[k].astype(dt)
         for a in range(0, on.size, step):  # in blocks of rows: bounded memory
@@ -1125,6 +1132,7 @@ class ClassNoise:
     cov_sd: np.ndarray  # (K,)
     shares: np.ndarray  # (K,) t_k
     radius: np.ndarray  # (K,) r_k
+    base_radius: np.ndarray | None = None  # (K,) r_k before tail_fit_radius, where it ran
 
     def scaled(self, c: float) -> ClassNoise:
         """The same noise on statistics multiplied by ``c`` (a public subset's, scaled)."""
@@ -1211,15 +1219,16 @@ def class_noise(pub: PublicInputs, n: np.ndarray, total: float,
     t = allocate_pairwise(w * d * f_sum * r0**2 / (2 * n**2), total, pub.label_flip)
     radius = class_radius(pub, n, t, cap)
     D = np.broadcast_to(np.asarray(divergence, dtype=float), (K,))
+    base = None
     if tails is not None:
-        radius = tail_fit_radius(pub, n, t, D, radius, tails)
+        base, radius = radius, tail_fit_radius(pub, n, t, D, radius, tails)
     _, g = clip_factors(radius, d)
     mean_sd = np.empty(K)
     cov_sd = np.empty(K)
     for k in range(K):
         best = _split(pub, radius[k], n[k], t[k], D[k], g[k])
         mean_sd[k], cov_sd[k] = np.sqrt(best[1]), np.sqrt(best[2])
-    return ClassNoise(mean_sd, cov_sd, t, radius)
+    return ClassNoise(mean_sd, cov_sd, t, radius, base)
 
 
 def _split(pub: PublicInputs, r: float, n: float, t: float, D: float, g: float
@@ -1696,7 +1705,8 @@ def capped(pub: PublicInputs, output: dict, design: dict) -> dict:
     if tails is not None:  # a class whose region is the stage-A ball keeps its radius
         tails = np.where(np.asarray(reg.is_global)[:, None], 0.0, tails)
     noise = class_noise(pub, *design["noise_of"], cap=cap, tails=tails)
-    return {**design, "noise": noise, "regions": replace(reg, radius=noise.radius)}
+    return {**design, "noise": noise,
+            "regions": replace(reg, radius=noise.radius, reach_radius=noise.base_radius)}
 
 
 def _tail_fit(pub: PublicInputs, output: dict):
