@@ -1233,8 +1233,9 @@ def class_noise(pub: PublicInputs, n: np.ndarray, total: float,
 
 def _split(pub: PublicInputs, r: float, n: float, t: float, D: float, g: float
            ) -> tuple[float, float, float]:
-    """One class's ``(surrogate cost, sigma_m^2, sigma_c^2)`` at radius ``r``: the split of
-    its share ``t`` between mean and second moments of least surrogate (:func:`class_noise`).
+    """One class's ``(surrogate cost, sigma_m^2, sigma_c^2, nu)`` at radius ``r``: the split
+    of its share ``t`` between mean and second moments of least surrogate
+    (:func:`class_noise`), ``nu`` its second moments' noise energy (``inf``: not released).
     """
     d = pub.n_features
     f_sum = 1.0 if pub.label_flip else 2.0
@@ -1243,6 +1244,7 @@ def _split(pub: PublicInputs, r: float, n: float, t: float, D: float, g: float
         sm2 = f_sum * r**2 / (fm * t)
         cost = d * sm2 / (2 * n**2)
         sc2 = np.inf if fm >= 1.0 else r**4 / ((1.0 - fm) * t)
+        nu = np.inf
         if np.isfinite(sc2):
             nu = sc2 * d * (d + 1) / (2 * (g * max(n - 1.0, 1.0)) ** 2)
             cost += nu * D / (4 * (nu + D))
@@ -1251,7 +1253,7 @@ def _split(pub: PublicInputs, r: float, n: float, t: float, D: float, g: float
         else:
             cost += D / 4
         if best is None or cost < best[0]:
-            best = (cost, sm2, sc2)
+            best = (cost, sm2, sc2, nu)
     return best
 
 
@@ -1298,8 +1300,7 @@ def tail_fit_radius(pub: PublicInputs, n: np.ndarray, t: np.ndarray, D: np.ndarr
         _, g = clip_factors(np.sqrt(cands), d)
         best, arg = np.inf, cands[0]
         for r2, gk in zip(cands, np.broadcast_to(g, cands.shape), strict=True):
-            _, sm2, sc2 = _split(pub, np.sqrt(r2), nk, t[k], D[k], gk)
-            nu = sc2 * d * (d + 1) / (2 * (gk * max(nk - 1.0, 1.0)) ** 2)
+            _, sm2, _, nu = _split(pub, np.sqrt(r2), nk, t[k], D[k], gk)
             beyond = seen * (lower >= r2 * (1.0 - 1e-12))
             x = float(np.sum(beyond * (mid - r2))) / (nk * d)
             m = float(np.sum(beyond * (np.sqrt(mid) - np.sqrt(r2)))) / nk
@@ -1711,7 +1712,7 @@ def capped(pub: PublicInputs, output: dict, design: dict) -> dict:
 
 def _tail_fit(pub: PublicInputs, output: dict):
     """Stage T's histogram where the radii are fitted to it (``tail_fit``), else ``None``."""
-    return output["tails"] if pub.settings.get("tail_fit", True) else None
+    return output["tails"] if pub.settings["tail_fit"] else None
 
 
 def _first_round(pub: PublicInputs, output: dict, first: dict):
