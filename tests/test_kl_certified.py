@@ -2031,9 +2031,9 @@ def test_a_far_row_does_not_stretch_the_second_locating_window_over_the_bound():
     """Replace-one, one value of 1e6 in a 0/1 feature (2000 rows, box 1.5 times the range):
     at eps = 1000 that row alone passes the first round's threshold, and a window spanning it
     put the other rows in one bin of the second round, whose located scale was then the
-    bound's (1.6e4 in one draw of 16: E[KL] 3.2e4 there). End groups farther from the rest
-    than its width, at most 0.002 N rows over the threshold, are left out of the span; a far
-    group of 5% of the rows is kept."""
+    bound's (1.6e4 in one draw of 16: E[KL] 3.2e4 there). Small groups (at most 0.002 N plus
+    a threshold) farther from the rest than its width are left out of the span; a far group
+    of 5% of the rows is kept."""
     from klrelease.mechanisms.kl_certified import locate
 
     window = locate.Window(np.array([-1.0, -1.0]), np.array([1.0, 1.0]))
@@ -2052,6 +2052,15 @@ def test_a_far_row_does_not_stretch_the_second_locating_window_over_the_bound():
     w2 = locate.occupied(noisy, window, 16.0, 2000)
     assert w2.hi[0] == pytest.approx(-1.0 + 2 * 2 / 256)
     assert w2.hi[1] == pytest.approx(-1.0 + 2 * 162 / 256)
+    # far rows at both ends are each judged against the rows, not against each other; a real
+    # far mode of 1.5% of 50000 rows, its bins a little over a large threshold, is kept
+    noisy = np.zeros((2, 256))
+    noisy[0, 120:124], noisy[0, 0], noisy[0, 255] = 500.0, 2.0, 2.0
+    noisy[1, 100:110], noisy[1, 50:55] = 5000.0, 93.0
+    w2 = locate.occupied(noisy[:1], locate.Window(window.lo[:1], window.hi[:1]), 1.0, 2000)
+    assert (w2.lo[0], w2.hi[0]) == pytest.approx((-1.0 + 2 * 119 / 256, -1.0 + 2 * 125 / 256))
+    w2 = locate.occupied(noisy[1:], locate.Window(window.lo[:1], window.hi[:1]), 76.6, 50000)
+    assert w2.lo[0] == pytest.approx(-1.0 + 2 * 49 / 256)
     rng = np.random.default_rng(3)
     n, d = 2000, 5
     y = rng.integers(0, 2, n)
