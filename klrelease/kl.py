@@ -30,12 +30,14 @@ def gaussian_kl(m0, S0, m1, S1) -> np.ndarray:
     log-determinant against the other (ill-conditioned covariances, KLs below 1e-12)."""
     m0, S0, m1, S1 = (np.asarray(a, dtype=float) for a in (m0, S0, m1, S1))
     try:
+        if not np.all(np.isfinite(S1)):
+            raise np.linalg.LinAlgError("not finite")
         L1 = np.linalg.cholesky(S1)
     except np.linalg.LinAlgError:
-        raise ValueError("the second covariance (the reference) is not positive definite: the "
-                         "KL divergence to it is not finite (a class whose fitted covariance "
-                         "is singular, e.g. a feature constant within it; fit it with a small "
-                         "ridge)") from None
+        raise ValueError("the second covariance (the reference) is not finite and positive "
+                         "definite: the KL divergence to it is not finite (a class whose fitted "
+                         "covariance is singular, e.g. a feature constant within it: fit it "
+                         "with a small ridge)") from None
     diff = (m1 - m0)[..., None]
     sol_m = np.linalg.solve(L1, diff)
     with np.errstate(over="ignore"):  # (means a float range apart: inf, quietly)
