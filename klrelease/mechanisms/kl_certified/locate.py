@@ -205,6 +205,12 @@ def occupied(noisy: np.ndarray, window: Window, threshold: float, n_samples: int
     return Window(lo, hi)
 
 
+def _bin_groups(items: np.ndarray, on: np.ndarray, empty: int) -> list[np.ndarray]:
+    """``items`` (one per passing bin of ``on``, ascending) split into groups of bins at most
+    ``empty`` empty bins apart."""
+    return np.split(items, np.flatnonzero(np.diff(on) > empty + 1) + 1)
+
+
 def _trim_isolated(on: np.ndarray, counts: np.ndarray, threshold: float,
                    n_samples: int) -> np.ndarray:
     """The passing bins ``on`` (ascending, their noisy ``counts``) less the few far rows at
@@ -226,7 +232,7 @@ def _trim_isolated(on: np.ndarray, counts: np.ndarray, threshold: float,
     if not cap > 0 or on.size < 2 or not np.isfinite(threshold):
         return on
     gap = LOCATE["trim_gap"]
-    groups = np.split(np.arange(on.size), np.flatnonzero(np.diff(on) > gap + 1) + 1)
+    groups = _bin_groups(np.arange(on.size), on, gap)  # positions in ``on``
     first = np.array([on[g[0]] for g in groups])
     last = np.array([on[g[-1]] for g in groups])
     sums = np.array([float(np.sum(counts[g])) for g in groups])
@@ -551,7 +557,7 @@ def confirmed_groups(pub, output: dict, window: Window, second: np.ndarray,
         on = np.flatnonzero(first[j] > t1)
         if on.size < 2 or not w2[j] > 0:
             continue
-        groups = np.split(on, np.flatnonzero(np.diff(on) > 2) + 1)
+        groups = _bin_groups(on, on, 1)
         if len(groups) < 2:
             continue
         seen, under = [], np.zeros(b2, dtype=bool)
