@@ -46,6 +46,49 @@ def test_dp_event_composes_in_dp_accounting():
         design.gaussian_delta(1.0, 1.0, np.sqrt(2) * b.mu), rel=2e-2)
 
 
+def test_replace_one_early_shares_fall_past_early_mu_and_stage_c_gains(monkeypatch):
+    """Replace-one: the counts' and stage-A shares are the fixed ones up to mu = early_mu, then
+    fall as early_mu / mu, the rest going to stage C; the total is still mu (delta holds), and
+    at eps = 1000 the release is closer to the fit than with the shares fixed."""
+    from sklearn.datasets import load_wine
+
+    from klrelease.mechanisms.kl_certified.mechanism import release_budget
+    from klrelease.neighbours import Adjacency
+
+    base = design.SETTINGS["replace-one"]
+    for eps in (20.0, 1000.0):
+        b = release_budget(eps, 1e-5, Adjacency.REPLACE_ONE, 178, 13)
+        f = min(1.0, design.SETTINGS["early_mu"] / b.mu)
+        assert (f == 1.0) == (eps == 20.0)
+        assert (b.counts / b.mu) ** 2 == pytest.approx(base["counts"] * f, rel=1e-6)
+        assert (b.sums / b.mu) ** 2 == pytest.approx(base["sums"] * f, rel=1e-6)
+        assert (b.scatter / b.mu) ** 2 == pytest.approx(base["scatter"], rel=1e-9)
+        assert b.total == pytest.approx(b.mu, rel=1e-12)
+        assert design.gaussian_delta(1.0, eps, b.total) <= 1e-5
+    # label flip keeps its shares
+    b = release_budget(1000.0, 1e-5, Adjacency.LABEL_FLIP, 178, 13)
+    assert (b.sums / b.mu) ** 2 == pytest.approx(design.SETTINGS["label-flip"]["sums"])
+
+    w = load_wine()
+    X, y = w.data, w.target
+    fit = kr.fit_gmm(X, y, classes=range(3))
+    ref = kr.GMM(fit.weights, fit.means, fit.covariances, (0, 1, 2))
+    lo, hi = X.min(0), X.max(0)
+    c, h = (lo + hi) / 2, (hi - lo) / 2 * 1.5
+    data = kr.as_labelled_data(X, y, classes=range(3), min_class_size=0, bounds=(c - h, c + h))
+
+    def expected(eps):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            p = kr.plan(data, None, epsilon=eps, delta=1e-5, adjacency="replace-one")
+            return kr.expected_kl(p, ref, n_draws=8, seed=7).mean
+
+    new = expected(1000.0)
+    monkeypatch.setitem(design.SETTINGS, "early_mu", float("inf"))
+    fixed = expected(1000.0)
+    assert new < 0.85 * fixed, (new, fixed)
+
+
 def test_symmetric_gaussian_density_and_sampler():
     rng = np.random.default_rng(0)
     E = symmetric_gaussian(rng, np.full(20000, 2.0), 3)
