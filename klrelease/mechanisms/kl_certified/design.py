@@ -85,7 +85,7 @@ SETTINGS = {
     # need no more precision; the rest goes to stage C (of 3, 5 and 10 measured on the
     # development, wide and study sets, 8 draws, eps 5-1000: 3 and 5 left sets 6-11x worse
     # at eps 300-1000 (tight classes, MASS.biopsy), 10 none worse by 1.5x; shrinking the pooled
-    # scatter's share too, or the first of two stage-C rounds', made sets up to 10x worse)
+    # scatter's share too made sets up to 1.6x worse, the first of two stage-C rounds' 12x)
     "early_mu": 10.0,
     "region_level": 0.95,  # stage-C radius^2 >= chi2_d quantile at this level
     "tail_scale": 1.0,  # stage C: tail mass outside a region <= this x its relative noise
