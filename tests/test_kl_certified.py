@@ -46,10 +46,10 @@ def test_dp_event_composes_in_dp_accounting():
         design.gaussian_delta(1.0, 1.0, np.sqrt(2) * b.mu), rel=2e-2)
 
 
-def test_replace_one_early_shares_fall_past_early_mu_and_stage_c_gains(monkeypatch):
-    """Replace-one: the counts' and stage-A shares are the fixed ones up to mu = early_mu, then
-    fall as early_mu / mu, the rest going to stage C; the total is still mu (delta holds), and
-    at eps = 1000 the release is closer to the fit than with the shares fixed."""
+def test_replace_one_counts_share_falls_past_early_mu_and_stage_c_gains(monkeypatch):
+    """Replace-one: the counts' share is the fixed one up to mu = early_mu, then falls as
+    early_mu / mu, the rest going to stage C; the total is still mu (delta holds), and at
+    eps = 1000 the release is closer to the fit than with the share fixed."""
     from sklearn.datasets import load_wine
 
     from klrelease.mechanisms.kl_certified.mechanism import release_budget
@@ -61,7 +61,7 @@ def test_replace_one_early_shares_fall_past_early_mu_and_stage_c_gains(monkeypat
         f = min(1.0, design.SETTINGS["early_mu"] / b.mu)
         assert (f == 1.0) == (eps == 20.0)
         assert (b.counts / b.mu) ** 2 == pytest.approx(base["counts"] * f, rel=1e-6)
-        assert (b.sums / b.mu) ** 2 == pytest.approx(base["sums"] * f, rel=1e-6)
+        assert (b.sums / b.mu) ** 2 == pytest.approx(base["sums"], rel=1e-6)
         assert (b.scatter / b.mu) ** 2 == pytest.approx(base["scatter"], rel=1e-9)
         assert b.total == pytest.approx(b.mu, rel=1e-12)
         assert design.gaussian_delta(1.0, eps, b.total) <= 1e-5
@@ -86,7 +86,7 @@ def test_replace_one_early_shares_fall_past_early_mu_and_stage_c_gains(monkeypat
     new = expected(1000.0)
     monkeypatch.setitem(design.SETTINGS, "early_mu", float("inf"))
     fixed = expected(1000.0)
-    assert new < 0.85 * fixed, (new, fixed)
+    assert new < 0.95 * fixed, (new, fixed)  # 0.90-0.91 over seeds 1, 2, 3, 7, 11
 
 
 def test_symmetric_gaussian_density_and_sampler():

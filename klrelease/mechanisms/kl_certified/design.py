@@ -80,12 +80,13 @@ SETTINGS = {
     "box_noise": 0.05,  # ... growing to all of it as a class mean's relative noise falls below
     "locate_share": 0.08,  # replace-one: share of mu^2 for locating, taken from stage C
     "locate_max": 0.25,  # ... raised up to this when the rows are too few to locate at 0.08
-    # replace-one: the counts' and stage-A sums' shares are multiplied by min(1, early_mu / mu)
-    # (:func:`early_factor`): they only centre and size the regions, which once mu is large
-    # need no more precision; the rest goes to stage C (of 3, 5 and 10 measured on the
-    # development, wide and study sets, 8 draws, eps 5-1000: 3 and 5 left sets 6-11x worse
-    # at eps 300-1000 (tight classes, MASS.biopsy), 10 none worse by 1.5x; shrinking the pooled
-    # scatter's share too made sets up to 1.6x worse, the first of two stage-C rounds' 12x)
+    # replace-one: the counts' share is multiplied by min(1, early_mu / mu) (:func:`early_factor`):
+    # the counts size the regions and weight the classes, and once mu is large need no more
+    # precision; the rest goes to stage C (measured on the development, wide and study sets,
+    # 8 draws: early_mu 10 gives 0.99 / 0.94 / 0.92 at eps 100 / 300 / 1000, none worse by
+    # 1.15x; 3 gives 0.88 at eps 100 but 1.16x worse sets at eps 20. Shrinking stage A's share
+    # too: 0.78 at eps 1000 but classes with a nearly degenerate covariance 1.5-1.7x worse at
+    # eps 300; the pooled scatter's: up to 1.6x worse; the first stage-C round's: 12x)
     "early_mu": 10.0,
     "region_level": 0.95,  # stage-C radius^2 >= chi2_d quantile at this level
     "tail_scale": 1.0,  # stage C: tail mass outside a region <= this x its relative noise
@@ -475,13 +476,12 @@ class PublicInputs:
 
 
 def early_factor(epsilon: float, delta: float) -> float:
-    """Replace-one: the factor on the counts' and stage-A sums' shares of ``mu^2``,
-    ``min(1, early_mu / mu)`` with ``mu`` the release's total whitened sensitivity at
-    ``(epsilon, delta)`` (public). Those stages find the classes' sizes and rough centres for
-    the regions of stage C; past ``early_mu`` (eps about 100 at delta = 1e-5) their shares
-    fall as ``1 / mu`` and stage C, whose values the release estimates from, gets the rest.
-    Their sensitivities ``mu sqrt(share)`` still grow (as ``sqrt(mu)``), so every stage's
-    noise still vanishes as the budget grows."""
+    """Replace-one: the factor on the counts' share of ``mu^2``, ``min(1, early_mu / mu)``
+    with ``mu`` the release's total whitened sensitivity at ``(epsilon, delta)`` (public). The
+    counts size stage C's regions and give the weights; past ``early_mu`` (eps about 100 at
+    delta = 1e-5) their share falls as ``1 / mu`` and stage C, whose values the release
+    estimates from, gets the rest. Their sensitivity ``mu sqrt(share)`` still grows (as
+    ``sqrt(mu)``), so every stage's noise still vanishes as the budget grows."""
     mu = gaussian_max_sensitivity(epsilon, delta)
     return float(min(1.0, SETTINGS["early_mu"] / mu)) if mu > 0 else 1.0
 
