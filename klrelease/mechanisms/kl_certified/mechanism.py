@@ -887,9 +887,11 @@ def release_budget(epsilon: float, delta: float, relation: Adjacency, n_samples:
 
     Under replace-one the counts' share is multiplied by :func:`.design.early_factor` (1 up
     to ``mu = early_mu``, then ``early_mu / mu``), the rest going to stage C: on the 60
-    held-out sets (box 1.5 times the range, 8 draws) E[KL] at eps 100 / 300 / 1000 is 0.99 /
-    0.96 / 0.91 of its figures with the share fixed (geometric means; the most a set lost was
-    1.97x, on a value of 0.0012, its weights' noise); below eps 100 nothing changes. Stage A's
+    held-out sets (box 1.5 times the range, 8 draws, ``heldout_sweep.csv`` against its
+    previous version) E[KL] at eps 100 / 1000 is 0.994 / 0.911 of its figures with the share
+    fixed (geometric means), no set worse; in a run with other seeds 0.96 at eps 300, where
+    the most a set lost was 1.97x, on a value of 0.0012 (its weights' noise). Below eps 100
+    nothing changes. Stage A's
     share falling too gave 0.98 / 0.86 / 0.82 there but made classes with a nearly degenerate
     covariance 1.5-1.7x worse at eps 300 (their regions take the centres' isotropic noise)."""
     from ...stream.sample import stage_rows
