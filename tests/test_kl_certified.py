@@ -89,6 +89,19 @@ def test_replace_one_counts_share_falls_past_early_mu_and_stage_c_gains(monkeypa
     assert new < 0.95 * fixed, (new, fixed)  # 0.90-0.91 over seeds 1, 2, 3, 7, 11
 
 
+def test_the_designs_chi_square_functions_equal_scipy_stats_bit_for_bit():
+    """design.chi2 calls the scipy.special functions scipy.stats.chi2 calls: the same values."""
+    rng = np.random.default_rng(0)
+    for d in (1, 2, 3, 10, 31, 32, 1000):
+        x = np.concatenate([rng.uniform(0, 5 * d, 500), [0.0, np.inf, 1e-300, 1e300]])
+        q = np.concatenate([rng.uniform(0, 1, 500), [0.0, 1e-300, 0.05, 0.9, 0.95, 1.0]])
+        assert np.array_equal(design.chi2.cdf(x, d), stats.chi2.cdf(x, d))
+        assert np.array_equal(design.chi2.sf(x, d), stats.chi2.sf(x, d))
+        assert np.array_equal(design.chi2.ppf(q, d), stats.chi2.ppf(q, d))
+        assert np.array_equal(design.chi2.isf(q, d), stats.chi2.isf(q, d))
+        assert design.chi2.ppf(0.95, d) == stats.chi2.ppf(0.95, d)
+
+
 def test_symmetric_gaussian_density_and_sampler():
     rng = np.random.default_rng(0)
     E = symmetric_gaussian(rng, np.full(20000, 2.0), 3)
