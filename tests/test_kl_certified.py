@@ -65,8 +65,11 @@ def test_replace_one_counts_share_falls_past_early_mu_and_stage_c_gains(monkeypa
         assert (b.scatter / b.mu) ** 2 == pytest.approx(base["scatter"], rel=1e-9)
         assert b.total == pytest.approx(b.mu, rel=1e-12)
         assert design.gaussian_delta(1.0, eps, b.total) <= 1e-5
-    # label flip keeps its shares
+    # label flip (the Gaussian design): the counts' share falls the same way, stage A's not
     b = release_budget(1000.0, 1e-5, Adjacency.LABEL_FLIP, 178, 13)
+    f = design.SETTINGS["early_mu"] / b.mu
+    assert (b.counts / b.mu) ** 2 == pytest.approx(design.SETTINGS["label-flip"]["counts"] * f,
+                                                   rel=1e-6)
     assert (b.sums / b.mu) ** 2 == pytest.approx(design.SETTINGS["label-flip"]["sums"])
 
     w = load_wine()

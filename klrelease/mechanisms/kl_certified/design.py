@@ -103,7 +103,7 @@ SETTINGS = {
     "box_noise": 0.05,  # ... growing to all of it as a class mean's relative noise falls below
     "locate_share": 0.08,  # replace-one: share of mu^2 for locating, taken from stage C
     "locate_max": 0.25,  # ... raised up to this when the rows are too few to locate at 0.08
-    # replace-one: the counts' share is multiplied by min(1, early_mu / mu) (:func:`early_factor`):
+    # the counts' share is multiplied by min(1, early_mu / mu) (:func:`early_factor`):
     # the counts size the regions and weight the classes, and once mu is large need no more
     # precision; the rest goes to stage C (measured on the development, wide and study sets,
     # 8 draws: early_mu 10 gives 0.99 / 0.94 / 0.92 at eps 100 / 300 / 1000, none worse by
@@ -499,7 +499,7 @@ class PublicInputs:
 
 
 def early_factor(epsilon: float, delta: float) -> float:
-    """Replace-one: the factor on the counts' share of ``mu^2``, ``min(1, early_mu / mu)``
+    """The factor on the counts' share of ``mu^2`` (both relations), ``min(1, early_mu / mu)``
     with ``mu`` the release's total whitened sensitivity at ``(epsilon, delta)`` (public). The
     counts size stage C's regions and give the weights; past ``early_mu`` (eps about 100 at
     delta = 1e-5) their share falls as ``1 / mu`` and stage C, whose values the release
