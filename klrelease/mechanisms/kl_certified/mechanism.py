@@ -891,9 +891,9 @@ def release_budget(epsilon: float, delta: float, relation: Adjacency, n_samples:
     previous version) E[KL] at eps 100 / 1000 is 0.994 / 0.911 of its figures with the share
     fixed (geometric means), no set worse; in a run with other seeds 0.96 at eps 300, where
     the most a set lost was 1.97x, on a value of 0.0012 (its weights' noise). Below eps 100
-    nothing changes. Stage A's
-    share falling too gave 0.98 / 0.86 / 0.82 there but made classes with a nearly degenerate
-    covariance 1.5-1.7x worse at eps 300 (their regions take the centres' isotropic noise).
+    nothing changes. Stage A's share falling too gave 0.98 / 0.86 / 0.82 there but made
+    classes with a nearly degenerate covariance 1.5-1.7x worse at eps 300 (their regions take
+    the centres' isotropic noise).
     Under label flip (the Gaussian design: ``design="gaussian"`` or a Dask cluster; the default
     design is randomized response there) on the 124 held-out, development, wide and study sets
     0.995 / 0.96 / 0.93 at eps 100 / 300 / 1000, at most 1.17x worse (a value of 0.0057)."""
