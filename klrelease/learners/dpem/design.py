@@ -40,7 +40,7 @@ from ...privacy.projections import project_psd, project_simplex
 
 __all__ = ["SETTINGS", "Design", "Model", "Regions", "Noise", "Estimate", "make_design",
            "init_model", "regions", "iteration_noise", "estimate", "merge", "update",
-           "clip_correction", "cell_centres"]
+           "clip_correction", "cell_centres", "extrapolate"]
 
 #: Public constants of the design (the same for every dataset).
 SETTINGS = {
@@ -64,6 +64,11 @@ SETTINGS = {
     "prior_divergence": 0.25,  # per dimension: expected ||G - previous||_F^2 / d, whitened
     "cov_cap": 1.0,  # released covariances have eigenvalues <= this x sigma_max^2
     "early_cov_noise": 0.05,  # before the last iteration: covariances only below this noise
+    # EM's slow drift extrapolated from released models (post-processing): over two windows
+    # of this many iterations, when their steps agree in direction ...
+    "extrapolate_window": 3,
+    "extrapolate_cos": 0.8,  # ... to this cosine at least, by their ratio at most ...
+    "extrapolate_rho": 0.75,  # ... this (the jump is at most rho / (1 - rho) = 3 windows)
 }
 
 _MEAN_SHARES = np.array([0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 1.0])
@@ -420,6 +425,39 @@ def estimate(design: Design, reg: Regions, noise: Noise, counts: np.ndarray,
         cov_var = (noise.cov_sd / n) ** 2
     return Estimate(n, n / N, (noise.count_sd / N) ** 2 * np.ones(k), means, mean_cov, covs,
                     cov_var)
+
+
+def extrapolate(design: Design, m0: Model, m1: Model, m2: Model
+                ) -> tuple[Model, float] | None:
+    """Where EM drifts slowly, the fixed point its models approach, from three released
+    models ``h`` iterations apart (post-processing; ``h = extrapolate_window``).
+
+    On overlapping components EM converges linearly with a rate near one: each iteration
+    moves the weights and means by a fraction of their remaining distance, so a fixed
+    iteration count leaves them short of the fixed point however small the noise. With the
+    steps ``A = m1 - m0`` and ``B = m2 - m1`` (weights and means) the remaining distance of a
+    geometric drift is ``B rho / (1 - rho)`` with ``rho = <A, B> / <A, A>``. The jump is made
+    only when the two steps agree in direction (cosine at least ``extrapolate_cos``: noise
+    alone leaves them nearly orthogonal) and with ``rho`` at most ``extrapolate_rho``;
+    covariances keep ``m2``'s. Each step spans ``h`` iterations, so the noise of the models
+    enters once, not ``h`` times. Returns the jumped model and ``rho``, or None."""
+    st = design.settings
+
+    def vec(m: Model) -> np.ndarray:
+        return np.concatenate([m.weights, m.means.ravel()])
+
+    t0, t1, t2 = vec(m0), vec(m1), vec(m2)
+    A, B = t1 - t0, t2 - t1
+    aa, bb, ab = float(A @ A), float(B @ B), float(A @ B)
+    if not (aa > 0.0 and bb > 0.0 and np.isfinite(ab)) or ab < st["extrapolate_cos"] * math.sqrt(
+            aa * bb):
+        return None
+    rho = min(ab / aa, st["extrapolate_rho"])
+    t = t2 + B * (rho / (1.0 - rho))
+    k, d = design.k, design.d
+    weights = project_simplex(t[:k], floor=0.5 / max(design.n, k))
+    means = t[k:].reshape(k, d)
+    return replace(m2, weights=weights, means=means), rho
 
 
 def merge(history: list[Estimate], level: float = 0.999) -> tuple[Estimate, int]:

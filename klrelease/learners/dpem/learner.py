@@ -34,6 +34,7 @@ from .design import (
     Regions,
     cell_centres,
     estimate,
+    extrapolate,
     init_model,
     iteration_noise,
     make_design,
@@ -237,12 +238,24 @@ def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
         if bar is not None:
             bar[0].update(bar[1], advance=1)
         history: list = []
+        path = [model]  # the models since the last extrapolation
+        h = int(design.settings["extrapolate_window"])
+        last_jump = design.iterations - design.settings["full_iterations"] - 1
+        diag["extrapolations"] = []
         try:
             for i, s in enumerate(design.iteration_s):
                 late = i >= design.iterations - design.settings["full_iterations"]
                 model = _iterate(rows if late and subset is not None else early, frame,
                                  design, model, s, rng, diag, i,
                                  final=i == design.iterations - 1, history=history)
+                path.append(model)
+                if h > 0 and len(path) > 2 * h and i < last_jump:
+                    # EM's slow drift, extrapolated from released models (post-processing)
+                    jumped = extrapolate(design, path[-2 * h - 1], path[-h - 1], path[-1])
+                    path = path[-h - 1:] if jumped is None else [jumped[0]]
+                    if jumped is not None:
+                        model = jumped[0]
+                        diag["extrapolations"].append({"iteration": i + 1, "rho": jumped[1]})
                 if bar is not None:
                     bar[0].update(bar[1], advance=1)
         finally:
