@@ -665,7 +665,11 @@ HELDOUT_TUNED = ("`response_noise_floor` (the response design's eigenvalue floor
                  "`heplots.TIPI` 2.3x worse at eps 5; `tail_noise` (the weight of the noise "
                  "against the clipping bias where stage C's radii grow to the tail stage T "
                  "shows: 4, of 1, 2, 4 and 16, the least with none of these or the "
-                 "development sets more than 10% worse under replace-one at eps 5 to 1000)")
+                 "development sets more than 10% worse under replace-one at eps 5 to 1000); "
+                 "`relative_floor` (replace-one: class eigenvalues also at least 0.03 x "
+                 "min(m, e^2 / m) of the estimate's mean eigenvalue m and the noise scale e: "
+                 "of 0.03, 0.1 and 0.1 without the fade, the one with no set of these, the "
+                 "development, wide or study sets more than 1.5x worse at eps 1 to 1000)")
 
 
 def heldout_datasets(names=HELDOUT):

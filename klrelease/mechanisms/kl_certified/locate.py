@@ -98,13 +98,6 @@ LOCATE = {
     # the cap, below the sum's noise sd, left a feature of a few hundred rows unplaced (at
     # the bound's scale) in a fifth to a third of the releases
     "run_cap": 0.05,
-    # ... and where the core is wider than two bins, the run's noisy sum must exceed N less
-    # that miss by this many noise sds of the sum: at N = 1e3, eps = 1 (the sum's noise sd
-    # a fifth of N) one noise sd let a run holding two of three separated classes pass for
-    # every row in one release in eight, the third class then 25 located scales away
-    # (E[KL] 16 / 112 against 0.5 / 43 with the margin, 60 draws, k = 2 / 3, d = 2 / 5).
-    # Not where the core is two bins (a loose bound; there it made releases up to 21x worse)
-    "run_margin": 1.0,
     # a group of passing first-round bins (passing bins at most one empty bin apart) that the
     # second round sees with clearly fewer rows (no count above its threshold, and a sum this
     # many noise sds of the difference below the first round's count of the group) is
@@ -270,9 +263,8 @@ def runs(noisy: np.ndarray, sd: float, n_samples: int) -> dict[int, tuple[int, i
     width tried, times ``sd sqrt(m)``); only that width is tried further. The core is
     widened by ``m``, ``2 m``, ``4 m``, ... bins on each side, while the run spans at most
     ``bins / run_span`` bins, to the first run whose noisy sum is at least ``N`` less one
-    noise sd of that sum, or less the smaller of that and ``run_cap * N``, less ``run_margin``
-    noise sds of the sum, where the core is wider than two bins (every row inside, up to
-    noise).
+    noise sd of that sum, or less the smaller of that and ``run_cap * N`` where the core is
+    wider than two bins (every row inside, up to noise).
     A feature whose rows need a wider run (spread over the bound, or a narrow peak with a
     long tail) gets none."""
     d, bins = noisy.shape
@@ -297,9 +289,6 @@ def runs(noisy: np.ndarray, sd: float, n_samples: int) -> dict[int, tuple[int, i
                 miss = sd * np.sqrt(b - a)
                 if m > widths[0]:  # half the rows in two bins: a loose bound, no tail
                     miss = min(miss, LOCATE["run_cap"] * n_samples)
-                    # the run must clear the miss by its own noise: a sum that noise can
-                    # lift to N from two thirds of it is not every row
-                    miss -= LOCATE["run_margin"] * sd * np.sqrt(b - a)
                 if c[j, b] - c[j, a] >= n_samples - miss:
                     out[j] = (a, b)
                     break
