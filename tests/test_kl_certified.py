@@ -2178,3 +2178,17 @@ def test_replace_one_class_floor_follows_the_class_scale_where_the_noise_hides_i
     thin_on, acc_on = draws(default)
     assert thin_off >= 6 and thin_on <= thin_off / 3, (thin_off, thin_on)
     assert acc_on > acc_off + 0.015, (acc_off, acc_on)
+
+    # it fades with the noise: at a large budget the release is the one without it
+    def covariances(relative_floor, release_data, epsilon, **options):
+        monkeypatch.setitem(design.SETTINGS, "relative_floor", relative_floor)
+        p = kr.plan(release_data, None, epsilon=epsilon, delta=1e-5, **options)
+        return p.draw(np.random.default_rng(3)).covariances
+
+    ro = {"adjacency": "replace-one"}
+    np.testing.assert_array_equal(covariances(0.0, data, 300.0, **ro),
+                                  covariances(default, data, 300.0, **ro))
+    # and label flip (public class shapes as targets) does not take it
+    lf = kr.as_labelled_data(X, y, classes=[0, 1, 2])
+    np.testing.assert_array_equal(covariances(0.0, lf, 3.0, design="gaussian"),
+                                  covariances(default, lf, 3.0, design="gaussian"))
