@@ -32,11 +32,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.stats import chi2, norm
+from scipy.stats import norm
 
 from ...linalg import precision_combine
 from ...privacy.ledger import Ledger, gdp_mu
 from ...privacy.projections import project_psd, project_simplex
+from ...statistics import chi2
 
 __all__ = ["SETTINGS", "Design", "Model", "Regions", "Noise", "Estimate", "make_design",
            "init_model", "regions", "iteration_noise", "estimate", "merge", "update",

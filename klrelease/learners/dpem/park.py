@@ -24,13 +24,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.stats import chi2
 
 from ...privacy.ledger import Ledger, zcdp_rho
 from ...privacy.projections import project_psd
 from ...privacy.tape import released
 from ...privacy.toolbox import symmetric_gaussian
-from ...statistics import clip_to_norm
+from ...statistics import chi2, clip_to_norm
 from ..kamath.common import guarantee, structure_rng, structure_seed, success
 from ..result import LearnResult, register_learner
 from .learner import e_step_blocks

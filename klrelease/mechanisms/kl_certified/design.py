@@ -40,7 +40,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from scipy import special as _sc
 from scipy.linalg import lapack, solve_triangular
 from scipy.special import gammaln
 
@@ -49,29 +48,7 @@ from ...linalg import combine_one, vech
 from ...privacy.calibration import gaussian_delta, gaussian_max_sensitivity
 from ...privacy.projections import project_simplex
 from ...rows import affine_rows, clip_to_norm, row_block
-
-
-class chi2:  # noqa: N801 (the name of the scipy.stats distribution it stands in for)
-    """The chi-square distribution's cdf, sf, ppf and isf for degrees of freedom >= 1, by the
-    scipy.special functions that ``scipy.stats.chi2`` calls (the same values bit for bit, a
-    test checks), without its argument checks and broadcasting: the designs call them tens of
-    thousands of times in an audit, where ``scipy.stats`` spent most of the time."""
-
-    @staticmethod
-    def cdf(x, df):
-        return _sc.chdtr(df, x)
-
-    @staticmethod
-    def sf(x, df):
-        return _sc.chdtrc(df, x)
-
-    @staticmethod
-    def ppf(q, df):
-        return 2 * _sc.gammaincinv(df / 2, q)
-
-    @staticmethod
-    def isf(q, df):
-        return _sc.chdtri(df, q)
+from ...statistics import chi2
 
 __all__ = [
     "Budget",
