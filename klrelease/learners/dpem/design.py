@@ -450,8 +450,8 @@ def extrapolate(design: Design, m0: Model, m1: Model, m2: Model
     t0, t1, t2 = vec(m0), vec(m1), vec(m2)
     A, B = t1 - t0, t2 - t1
     aa, bb, ab = float(A @ A), float(B @ B), float(A @ B)
-    if not (aa > 0.0 and bb > 0.0 and np.isfinite(ab)) or ab < st["extrapolate_cos"] * math.sqrt(
-            aa * bb):
+    agree = aa > 0.0 and bb > 0.0 and ab >= st["extrapolate_cos"] * math.sqrt(aa * bb)
+    if not (agree and np.isfinite(ab)):
         return None
     rho = min(ab / aa, st["extrapolate_rho"])
     t = t2 + B * (rho / (1.0 - rho))

@@ -249,13 +249,15 @@ def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
                                  design, model, s, rng, diag, i,
                                  final=i == design.iterations - 1, history=history)
                 path.append(model)
-                if h > 0 and len(path) > 2 * h and i < last_jump:
+                if h > 0 and len(path) == 2 * h + 1 and i < last_jump:
                     # EM's slow drift, extrapolated from released models (post-processing)
-                    jumped = extrapolate(design, path[-2 * h - 1], path[-h - 1], path[-1])
-                    path = path[-h - 1:] if jumped is None else [jumped[0]]
-                    if jumped is not None:
-                        model = jumped[0]
-                        diag["extrapolations"].append({"iteration": i + 1, "rho": jumped[1]})
+                    jumped = extrapolate(design, path[0], path[h], path[2 * h])
+                    if jumped is None:
+                        path = path[h:]  # the next test: h iterations on
+                    else:
+                        model, rho = jumped
+                        path = [model]
+                        diag["extrapolations"].append({"iteration": i + 1, "rho": rho})
                 if bar is not None:
                     bar[0].update(bar[1], advance=1)
         finally:
