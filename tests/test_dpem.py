@@ -12,6 +12,7 @@ import pytest
 from klrelease.learners import learn
 from klrelease.learners.dpem.design import (
     Model,
+    clip_correction,
     iteration_noise,
     make_design,
     regions,
@@ -254,6 +255,21 @@ def test_extrapolation_takes_overlapping_components_to_em_s_fixed_point(monkeypa
     with_jumps, without = mean_kl(3), mean_kl(0)
     assert with_jumps < 5e-6
     assert with_jumps < 0.2 * without
+
+
+def test_clip_correction_is_total_where_the_clipped_share_is_below_rounding():
+    # the values a released second moment gave at k = 5, d = 5, eps = 4, N = 1e3 (separated
+    # components): the clipped share's terms round h(m) just above m, and the bracket of the
+    # root search was empty (an exception after noise was drawn)
+    m, d, r = 0.17411962703186867, 5, 3.884105105347819
+    assert clip_correction(m, d, r) == 1.0
+    rng = np.random.default_rng(5)
+    for _ in range(2000):
+        d = int(rng.integers(1, 60))
+        m = float(np.exp(rng.uniform(-12, 12)))
+        r = float(np.sqrt(m * d * np.exp(rng.uniform(-3, 7))))
+        f = clip_correction(m, d, r)
+        assert np.isfinite(f) and f >= 1.0
 
 
 @pytest.mark.parametrize("eps,delta", [(1e-3, 1e-6), (1.0, 1e-12), (1e3, 1e-6)])

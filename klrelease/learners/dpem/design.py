@@ -382,6 +382,10 @@ def clip_correction(m: float, d: int, r: float) -> float:
     if not np.isfinite(m) or m <= 0:
         return 1.0
     m = min(m, 0.999 * cap)
+    if h(m) >= m:
+        # h(g) < g in real arithmetic; equal or above in floating point when the clipped
+        # share is below rounding (chi2's cdf within an ulp of 1): nothing to correct
+        return 1.0
     hi = m
     while h(hi) < m:
         hi *= 2.0
