@@ -319,6 +319,26 @@ def test_public_options_are_checked_before_the_data():
               sigma_min=2.0)
 
 
+def test_a_bound_beyond_the_arithmetic_is_refused_before_any_noise(monkeypatch):
+    # R / sigma_max of 1e19 overflowed the histogram's int64 cell index after the private
+    # PCA's noise was drawn (d >= 3), and 1e160 the PCA's ball^2: both now refused first
+    import klrelease.learners.dpem.learner as dpem_learner
+
+    def drawn(*args, **kwargs):
+        raise AssertionError("noise drawn before the public inputs were checked")
+
+    monkeypatch.setattr(dpem_learner, "private_pca", drawn)
+    monkeypatch.setattr(dpem_learner, "noisy_cell_histogram", drawn)
+    X = np.random.default_rng(0).normal(size=(200, 3))
+    for d, R in ((3, 1e19), (3, 1e160), (2, 1e19)):
+        with pytest.raises(ValueError, match="too large for dp-em's arithmetic"):
+            learn(X[:, :d], 3, epsilon=1.0, delta=1e-6, learner="dp-em", seed=1, R=R,
+                  sigma_max=1.0)
+    monkeypatch.undo()
+    res = learn(X, 3, epsilon=1.0, delta=1e-6, learner="dp-em", seed=1, R=1e15, sigma_max=1.0)
+    assert res.ok and np.all(np.isfinite(res.gmm.means))
+
+
 def test_diagnostics_hold_only_public_or_released_values():
     rng = np.random.default_rng(45)
     X, _ = _mixture(3000, np.array([[-10.0, 0.0], [10.0, 0.0]]), rng)

@@ -186,8 +186,28 @@ def make_design(n: int, d: int, k: int, epsilon: float, delta: float, *, R: floa
             p = q
             break
     cell, p, grid, threshold = _cell(ball, p, hist_sd, n, k, st)
-    return Design(n, d, k, float(epsilon), float(delta), T, float(sigma_max), R_f, smin, ball,
-                  mu, init_s, pca_s, iter_s, region_r, p, cell, grid, hist_sd, threshold, st)
+    design = Design(n, d, k, float(epsilon), float(delta), T, float(sigma_max), R_f, smin,
+                    ball, mu, init_s, pca_s, iter_s, region_r, p, cell, grid, hist_sd,
+                    threshold, st)
+    _check_arithmetic(design)
+    return design
+
+
+def _check_arithmetic(design: Design) -> None:
+    """Refuse public inputs whose design leaves float64 or the histogram's int64 cell index
+    (``R / sigma_max`` of about 1e18 and more), before any row is read or noise drawn:
+    afterwards the run would raise with its budget spent. A function of public inputs only."""
+    try:
+        values = (design.ball, design.hist_sd, design.threshold, design.ball**4,
+                  *design.iteration_s, *(design.pca_sd if design.pca_s > 0 else ()))
+        fits = design.p * math.log2(design.grid) <= 62
+    except (OverflowError, ValueError):
+        values, fits = (math.inf,), False
+    if not (fits and all(math.isfinite(v) for v in values)):
+        raise ValueError(
+            f"R / sigma_max = {design.ball:.3g} (with the Gaussian tail) is too large for "
+            "dp-em's arithmetic: its histogram and second moments need R / sigma_max below "
+            "about 1e18; give a tighter public bound R or a larger sigma_max")
 
 
 def _shares(T: int, st: dict) -> np.ndarray:
