@@ -12,10 +12,15 @@ import numpy as np
 from ._threads import blas_single_thread
 from .rows import class_blocks
 
-__all__ = ["GMM", "fit_gmm", "check_gmm", "SAMPLE_BLOCK"]
+__all__ = ["GMM", "fit_gmm", "check_gmm", "definite_covariances", "SAMPLE_BLOCK"]
 
 #: Rows per block of :meth:`GMM.sample_blocks` unless told otherwise.
 SAMPLE_BLOCK = 1 << 16
+
+#: :func:`definite_covariances`: the least eigenvalue of a repaired covariance's correlation
+#: matrix, relative to its largest (a condition number that a Cholesky factor in float64 holds
+#: whatever the features' units).
+DEFINITE_FLOOR = 1e-10
 
 
 def normal_cuts(weights: np.ndarray) -> np.ndarray:
@@ -329,6 +334,48 @@ def fit_gmm(X, y, *, classes=None) -> GMM:
     data = as_labelled_data(X, y, classes=classes)
     st = class_statistics(data.X, data.codes, data.n_classes)
     return GMM(st.weights, st.means, st.covariances, data.classes)
+
+
+def definite_covariances(covs: np.ndarray) -> np.ndarray:
+    """``covs`` (K, d, d) with each finite covariance that has no Cholesky factor made
+    positive definite in the units of its own features: standardised by the square roots of
+    its diagonal (a diagonal entry that is not positive: ``DEFINITE_FLOOR`` times the
+    largest), symmetrised, its
+    eigenvalues floored at ``DEFINITE_FLOOR`` times the largest, scaled back. The others are
+    returned as they are (the same array when none needs it).
+
+    A covariance estimated in a frame whitened along an exact linear dependency of the
+    features (a duplicated column, a column that is the sum of others) has an eigenvalue of
+    about 1e-17 of its largest there once mapped back to the features' units, which rounding
+    leaves at zero or below. Changing a feature's units changes nothing but that feature's
+    scale in the result."""
+    covs = np.asarray(covs, dtype=float)
+    out = covs
+    for k in range(covs.shape[0]):
+        C = covs[k]
+        if not np.all(np.isfinite(C)):
+            continue
+        try:
+            np.linalg.cholesky(C)
+            continue
+        except np.linalg.LinAlgError:
+            pass
+        diag = np.diagonal(C)
+        top = float(np.max(diag, initial=0.0))
+        if not top > 0:
+            continue
+        # (a feature without variance in it has no scale of its own: that of the largest)
+        sd = np.sqrt(np.where(diag > 0, diag, DEFINITE_FLOOR * top))
+        R = C / np.outer(sd, sd)
+        R = 0.5 * (R + R.T)
+        w, V = np.linalg.eigh(R)
+        w = np.maximum(w, DEFINITE_FLOOR * max(float(w[-1]), 1e-300))
+        R = (V * w) @ V.T
+        R = 0.5 * (R + R.T)
+        if out is covs:
+            out = covs.copy()
+        out[k] = R * np.outer(sd, sd)
+    return out
 
 
 def _gmm_width(g) -> int | None:

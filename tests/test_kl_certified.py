@@ -281,6 +281,74 @@ def test_post_processing_failure_falls_back_and_still_releases(iris, monkeypatch
     assert p.fallbacks == 1 and np.all(np.linalg.eigvalsh(g.covariances) > 0)
 
 
+def test_exactly_collinear_features_release_the_model_not_the_fallback():
+    """A feature that is an exact sum or copy of others (one-hot columns with every level, a
+    total beside its parts): under label flip the frame whitens along the dependency, and the
+    class covariances mapped back to the features' units had an eigenvalue of about 1e-17 of
+    their largest, which rounding left without a Cholesky factor: 4 of 5 releases at eps 1000
+    fell back to the crude stage-A model. The release must converge on the other features."""
+    from sklearn.datasets import load_iris
+
+    from klrelease.gmm import fit_gmm
+    from klrelease.kl import gaussian_kl
+
+    X, y = load_iris(return_X_y=True)
+    ref = fit_gmm(X, y)
+
+    def kl4(g):  # the released model's marginal on the four measured features
+        i = np.ix_(range(4), range(4))
+        return sum(ref.weights[k] * gaussian_kl(ref.means[k], ref.covariances[k],
+                                                g.means[k][:4], g.covariances[k][i])
+                   for k in range(3))
+
+    plain = []
+    for extra in (X[:, :2].sum(1, keepdims=True), X[:, :1]):
+        Z = np.hstack([X, extra])
+        kls = []
+        for s in range(5):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", PrivacyLeakWarning)
+                rel = kr.release(Z, y, epsilon=1000, delta=1e-5, seed=s, classes=[0, 1, 2],
+                                 design="gaussian")
+                if not plain:
+                    plain.append(kl4(kr.release(X, y, epsilon=1000, delta=1e-5, seed=s,
+                                                classes=[0, 1, 2], design="gaussian").gmm))
+            assert "fallback" not in rel.options
+            for C in rel.gmm.covariances:  # what an artifact requires (sampling, densities)
+                np.linalg.cholesky(C)
+            kls.append(kl4(rel.gmm))
+        assert np.mean(kls) < 2e-3 and np.mean(kls) < 3 * plain[0]
+
+
+def test_definite_covariances_repairs_only_what_has_no_factor_and_keeps_units():
+    from klrelease.gmm import definite_covariances
+
+    rng = np.random.default_rng(3)
+    A = rng.normal(size=(5, 3))
+    good = A @ A.T + np.eye(5)
+    B = rng.normal(size=(5, 4))
+    singular = B @ B.T  # rank 4: an exact dependency
+    singular[4] = singular[3]
+    singular[:, 4] = singular[:, 3]
+    covs = np.stack([good, singular])
+    out = definite_covariances(covs)
+    assert out[0] is not covs[0] and np.array_equal(out[0], good)
+    np.linalg.cholesky(out[1])
+    assert np.allclose(out[1], singular, rtol=0, atol=1e-8 * np.abs(singular).max())
+    # a change of units of a feature changes only that feature's scale in the result (up to
+    # the floor, 1e-10 of the correlations' largest eigenvalue)
+    D = np.diag([1.0, 1e6, 1e-6, 3.0, 1.0])
+    scaled = definite_covariances(np.stack([D @ singular @ D]))[0]
+    np.linalg.cholesky(scaled)
+
+    def corr(C):
+        s = np.sqrt(np.diag(C))
+        return C / np.outer(s, s)
+
+    assert np.allclose(corr(scaled), corr(out[1]), rtol=0, atol=1e-8)
+    assert np.allclose(np.diag(scaled), np.diag(D @ out[1] @ D), rtol=1e-8, atol=0)
+
+
 def test_inferred_classes_warn_and_are_not_certified():
     X, y = synthetic_gmm_data(N=300, K=3, d=2, seed=5)
     with warnings.catch_warnings(record=True) as caught:

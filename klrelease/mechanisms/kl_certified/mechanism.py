@@ -36,7 +36,7 @@ from pydantic import Field
 from ..._threads import beside, blas_single_thread, in_two_halves, row_threads
 from ...data import LabelledData
 from ...domain import SCALES, Domain, check_scales
-from ...gmm import GMM, check_gmm
+from ...gmm import GMM, check_gmm, definite_covariances
 from ...neighbours import ADJACENCY_DESCRIPTIONS, Adjacency
 from ...privacy.guarantee import GaussianCurve
 from ...privacy.response import debiased_moments
@@ -1362,7 +1362,9 @@ class KLCertifiedPlan(Plan):
         try:
             w, m, c = estimate(self.working(output), output, designs.get("first"),
                                designs.get("second"))
-            return check_gmm(GMM(w, m, c, self.classes))  # what the artifact will require
+            # what the artifact will require; a covariance mapped back along an exact linear
+            # dependency of the features is made definite first (post-processing)
+            return check_gmm(GMM(w, m, definite_covariances(c), self.classes))
         except (ValueError, np.linalg.LinAlgError, FloatingPointError, MemoryError):
             # Never fail after noise was drawn: a cruder post-processing of the same released
             # values (stage-A centres, the frame's unit covariance) keeps the release valid.
