@@ -272,6 +272,52 @@ def test_clip_correction_is_total_where_the_clipped_share_is_below_rounding():
         assert np.isfinite(f) and f >= 1.0
 
 
+def test_a_bound_far_wider_than_sigma_max_keeps_the_start_definite():
+    # R / sigma_max = 3.5e8 (a tight cluster far from the origin): the starting centres'
+    # noise covariance, cell + complement * (I - V V^T), took the rounding of I - V V^T times
+    # 1.4e16 and was indefinite (diagonal -5.2); two of eight means became NaN after noise
+    # was drawn (seeds 1 and 5 of 20)
+    X = np.array([0.466, -3.69]) + 1.5e-8 * np.random.default_rng(0).normal(size=(55, 2))
+    for s in (1, 5):
+        res = learn(X, 8, epsilon=1000.0, delta=1e-10, learner="dp-em", seed=s, R=14.0,
+                    sigma_max=4e-8)
+        g = res.gmm
+        assert res.ok and np.all(np.isfinite(g.means)) and np.all(np.isfinite(g.covariances))
+        for C in g.covariances:
+            np.linalg.cholesky(C)
+    d = make_design(1000, 6, 3, 1.0, 1e-6, R=1e9, sigma_max=1.0, sigma_min=0.5)
+    from klrelease.learners.dpem.design import init_model
+
+    V = np.linalg.qr(np.random.default_rng(1).normal(size=(6, d.p)))[0]
+    m = init_model(d, np.zeros((1, d.p)), np.array([10.0]), V, np.random.default_rng(2))
+    for C in m.centre_cov:
+        assert np.linalg.eigvalsh(C).min() > 0
+
+
+def test_an_invalid_final_model_releases_the_last_valid_one(monkeypatch):
+    # a defect after noise was drawn must not raise (the budget is spent): the release is the
+    # last valid iteration's model, and the diagnostics say so
+    from dataclasses import replace
+
+    import klrelease.learners.dpem.learner as dpem_learner
+
+    real, calls = dpem_learner.update, [0]
+
+    def broken(*args, **kwargs):
+        calls[0] += 1
+        model = real(*args, **kwargs)
+        return replace(model, means=model.means * np.nan) if calls[0] > 3 else model
+
+    monkeypatch.setattr(dpem_learner, "update", broken)
+    X = np.random.default_rng(0).normal(size=(500, 2))
+    res = learn(X, 2, epsilon=1.0, delta=1e-6, learner="dp-em", seed=0, R=5.0, sigma_max=2.0)
+    assert res.ok and np.all(np.isfinite(res.gmm.means))
+    assert res.diagnostics["fallback"] == "the last valid iteration's model was released"
+    monkeypatch.undo()
+    res = learn(X, 2, epsilon=1.0, delta=1e-6, learner="dp-em", seed=0, R=5.0, sigma_max=2.0)
+    assert "fallback" not in res.diagnostics
+
+
 @pytest.mark.parametrize("eps,delta", [(1e-3, 1e-6), (1.0, 1e-12), (1e3, 1e-6)])
 def test_never_fails_and_releases_a_valid_mixture(eps, delta):
     rng = np.random.default_rng(43)

@@ -302,9 +302,17 @@ def init_model(design: Design, centres: np.ndarray, counts: np.ndarray, V: np.nd
                               else np.full(k, 1.0 / k), floor=0.5 / max(design.n, k))
     means = c @ V.T
     r = design.region_radius
-    comp = ((design.R + r) / r) ** 2 - 1.0  # the complement: a mean anywhere in the R-ball
-    Pv = V @ V.T
-    C = (h**2 / 12.0) * Pv + comp * (np.eye(d) - Pv)
+    cell_var = h**2 / 12.0
+    if V.shape[1] >= d:  # the histogram spans R^d: no complement (V V^T is I but for rounding)
+        C = cell_var * np.eye(d)
+    else:
+        # the complement: a mean anywhere in the R-ball, its variance at most 1e10 times the
+        # cell's (beside a wider one float64 does not hold the cell's variance, and the
+        # rounding of I - V V^T times it would leave C indefinite)
+        comp = min(((design.R + r) / r) ** 2 - 1.0, 1e10 * cell_var)
+        Pv = V @ V.T
+        C = cell_var * Pv + comp * (np.eye(d) - Pv)
+        C = 0.5 * (C + C.T)
     return Model(weights, means, spread[:, None, None] * np.eye(d)[None],
                  np.repeat(C[None], k, axis=0))
 

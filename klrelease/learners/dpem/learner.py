@@ -268,8 +268,33 @@ def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
     prev, reg, noise, _ = history[-1]
     model = update(design, prev, reg, noise, merged)
     diag["combined_iterations"] = used
+    if not _valid(model):
+        # never fail after noise was drawn: the last valid model of the run (post-processing
+        # of released values; a defect if it happens, recorded as such)
+        model = next((h[0] for h in reversed(history) if _valid(h[0])), None) or _uniform(
+            design)
+        diag["fallback"] = "the last valid iteration's model was released"
     sc = design.scale
     return success(NAME, g, model.weights, model.means * sc, model.covs * sc**2, diag)
+
+
+def _valid(model) -> bool:
+    """Whether a model's parameters are finite and its covariances have Cholesky factors."""
+    if not all(np.all(np.isfinite(a)) for a in (model.weights, model.means, model.covs)):
+        return False
+    try:
+        np.linalg.cholesky(model.covs)
+    except np.linalg.LinAlgError:
+        return False
+    return True
+
+
+def _uniform(design):
+    """The model of no data in the frame: equal weights, means at the origin, unit
+    covariances (public)."""
+    k, d = design.k, design.d
+    eye = np.broadcast_to(np.eye(d), (k, d, d)).copy()
+    return Model(np.full(k, 1.0 / k), np.zeros((k, d)), eye, eye.copy())
 
 
 @dataclass(frozen=True)
