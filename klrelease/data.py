@@ -411,20 +411,47 @@ DATASETS = {
 }
 
 
+def _open_csv(path: Path):
+    """A CSV file opened as text, a UTF-8 byte-order mark dropped (spreadsheets write one)."""
+    return path.open(newline="", encoding="utf-8-sig")
+
+
+def check_csv_header(path, header: list[str]) -> list[str]:
+    """``header`` if its column names are distinct; ``ValueError`` naming the first repeated
+    one otherwise (column names are public: they label the artifact's features)."""
+    seen = set()
+    for name in header:
+        if name in seen:
+            raise ValueError(f"{path} has more than one column named {name!r}")
+        seen.add(name)
+    return header
+
+
+def read_csv_header(path, delimiter: str = ",") -> list[str] | None:
+    """The header row of a CSV file (``None`` when the file is empty), its names distinct."""
+    path = Path(path)
+    try:
+        with _open_csv(path) as fh:
+            first = next(csv.reader(fh, delimiter=delimiter), None)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
+    return None if first is None else check_csv_header(path, first)
+
+
 def load_csv(path, label_column: str, *, delimiter: str = ","):
     """Read a CSV file with a header row; returns ``(X, y, feature_names)``.
 
-    Every column except ``label_column`` must be numeric.
+    Every column except ``label_column`` must be numeric; column names must be distinct.
     """
     path = Path(path)
     try:
-        with path.open(newline="") as fh:
+        with _open_csv(path) as fh:
             rows = list(csv.reader(fh, delimiter=delimiter))
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
     if not rows:
         raise ValueError(f"{path} is empty")
-    header, body = rows[0], [r for r in rows[1:] if r]
+    header, body = check_csv_header(path, rows[0]), [r for r in rows[1:] if r]
     if label_column not in header:
         raise ValueError(f"{path} has no column named {label_column!r}")
     j = header.index(label_column)

@@ -188,6 +188,34 @@ def test_cli_release_csv_errors_as_in_memory_without_values(tmp_path, monkeypatc
     assert not (tmp_path / "r.json").exists()
 
 
+def test_csv_with_a_byte_order_mark_and_repeated_names_in_memory_and_streamed(
+        tmp_path, monkeypatch, capsys):
+    # spreadsheets write a UTF-8 byte-order mark before the header: the streamed reader
+    # raised KeyError('Field "\ufeffa" ...') with a traceback, and load_csv named the first
+    # feature "\ufeffa"; a repeated column name raised KeyError too
+    from klrelease.artifact import Release
+    from klrelease.cli import main
+    from klrelease.data import load_csv
+
+    rows = "".join(f"{i % 7},{(3 * i) % 5},{'xy'[i % 2]}\n" for i in range(40))
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + ("a,b,label\n" + rows).encode())
+    (tmp_path / "twice.csv").write_text("a,a,label\n" + rows)
+    monkeypatch.chdir(tmp_path)
+    X, y, names = load_csv("bom.csv", "label")
+    assert names == ["a", "b"] and X.shape == (40, 2)
+    code = main(["release", "--epsilon", "1", "--delta", "1e-6", "--csv", "bom.csv",
+                 "--label-column", "label", "--classes", "x,y", "--out", "r.json"])
+    assert code == 0 and Release.load(tmp_path / "r.json").feature_names == ["a", "b"]
+    with pytest.raises(ValueError, match="more than one column named 'a'"):
+        load_csv("twice.csv", "label")
+    capsys.readouterr()
+    code = main(["release", "--epsilon", "1", "--delta", "1e-6", "--csv", "twice.csv",
+                 "--label-column", "label", "--classes", "x,y", "--out", "t.json"])
+    err = capsys.readouterr().err
+    assert code == 2 and "more than one column named 'a'" in " ".join(err.split())
+    assert "Traceback" not in err and not (tmp_path / "t.json").exists()
+
+
 @pytest.mark.parametrize("pool,n_passes", [(40, None), (400, 1), (3000, 1)])
 def test_a_pool_that_bounds_the_other_rows_certifies_without_another_pass(pool, n_passes):
     # the first pass ranks the rows; when its pool's smallest score bounds every row left out

@@ -14,7 +14,6 @@ bad row sits.
 
 from __future__ import annotations
 
-import csv as _csv
 import glob
 import operator
 from collections.abc import Callable, Iterator, Sequence
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import _check_one_label_type, _encode_labels, typed_classes
+from ..data import _check_one_label_type, _encode_labels, read_csv_header, typed_classes
 from ..rows import column_sums
 from .moments import (
     ClassMoments,
@@ -827,11 +826,7 @@ class CSVSource(Source):
         self.label_column, self.block_bytes, self.delimiter = label_column, block_bytes, delimiter
         header = None
         for p in self.paths:
-            try:
-                with p.open(newline="") as fh:
-                    first = next(_csv.reader(fh, delimiter=delimiter), None)
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"cannot read {p}: {exc.__class__.__name__}") from None
+            first = read_csv_header(p, delimiter)
             if first is None:
                 raise ValueError(f"{p} is empty")
             if label_column is not None and label_column not in first:
