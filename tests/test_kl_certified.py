@@ -331,8 +331,13 @@ def test_definite_covariances_repairs_only_what_has_no_factor_and_keeps_units():
     singular[4] = singular[3]
     singular[:, 4] = singular[:, 3]
     covs = np.stack([good, singular])
+    untouched = good[None].copy()
+    assert definite_covariances(untouched) is untouched  # nothing to repair: the same array
     out = definite_covariances(covs)
-    assert out[0] is not covs[0] and np.array_equal(out[0], good)
+    assert np.array_equal(out[0], good)
+    # no scale of its own (a variance that is not positive): left to the caller
+    odd = np.array([[[1.0, 1.0], [1.0, 0.0]]])
+    assert definite_covariances(odd) is odd
     np.linalg.cholesky(out[1])
     assert np.allclose(out[1], singular, rtol=0, atol=1e-8 * np.abs(singular).max())
     # a change of units of a feature changes only that feature's scale in the result (up to

@@ -159,6 +159,8 @@ def make_design(n: int, d: int, k: int, epsilon: float, delta: float, *, R: floa
         raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
     R_f, smin = R / sigma_max, sigma_min / sigma_max
     ball = R_f + math.sqrt(chi2.ppf(1.0 - st["ball_tail"], d))
+    if not ball < 1e150:  # (the grid below would not be formed either)
+        raise ValueError(_TOO_WIDE.format(ball))
     mu = gdp_mu(epsilon, delta)
     p_max = min(d, k, int(st["init_dims"]))
     use_pca = min(d, 2) < d  # decided from d alone: the PCA's share is fixed before p
@@ -204,10 +206,12 @@ def _check_arithmetic(design: Design) -> None:
     except (OverflowError, ValueError):
         values, fits = (math.inf,), False
     if not (fits and all(math.isfinite(v) for v in values)):
-        raise ValueError(
-            f"R / sigma_max = {design.ball:.3g} (with the Gaussian tail) is too large for "
-            "dp-em's arithmetic: its histogram and second moments need R / sigma_max below "
-            "about 1e18; give a tighter public bound R or a larger sigma_max")
+        raise ValueError(_TOO_WIDE.format(design.ball))
+
+
+_TOO_WIDE = ("R / sigma_max = {:.3g} (with the Gaussian tail) is too large for dp-em's "
+             "arithmetic: its histogram and second moments need R / sigma_max below about "
+             "1e18; give a tighter public bound R or a larger sigma_max")
 
 
 def _shares(T: int, st: dict) -> np.ndarray:

@@ -266,14 +266,16 @@ def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
     # the last iterations, where they agree to within their noise, combined (post-processing)
     merged, used = merge([h[3] for h in history])
     prev, reg, noise, _ = history[-1]
+    last = model  # the last iteration's own model
     model = update(design, prev, reg, noise, merged)
     diag["combined_iterations"] = used
     if not _valid(model):
-        # never fail after noise was drawn: the last valid model of the run (post-processing
-        # of released values; a defect if it happens, recorded as such)
-        model = next((h[0] for h in reversed(history) if _valid(h[0])), None) or _uniform(
-            design)
-        diag["fallback"] = "the last valid iteration's model was released"
+        # never fail after noise was drawn: the last valid model of the run, the iterations'
+        # own from the last back, then their starts (post-processing of released values; a
+        # defect if it happens, recorded as such)
+        runs = [last, *(h[0] for h in reversed(history))]
+        model = next((m for m in runs if _valid(m)), None) or _uniform(design)
+        diag["fallback"] = "the last valid model of the run was released"
     sc = design.scale
     return success(NAME, g, model.weights, model.means * sc, model.covs * sc**2, diag)
 
