@@ -17,9 +17,9 @@ __all__ = ["GMM", "fit_gmm", "check_gmm", "definite_covariances", "SAMPLE_BLOCK"
 #: Rows per block of :meth:`GMM.sample_blocks` unless told otherwise.
 SAMPLE_BLOCK = 1 << 16
 
-#: :func:`definite_covariances`: the least eigenvalue of a repaired covariance's correlation
-#: matrix, relative to its largest (a condition number that a Cholesky factor in float64 holds
-#: whatever the features' units).
+#: :func:`definite_covariances`: the least reciprocal condition number of a correlation matrix
+#: left as it is, and the least eigenvalue, relative to the largest, of one repaired (a
+#: condition number that a Cholesky factor in float64 holds whatever the features' units).
 DEFINITE_FLOOR = 1e-10
 
 
