@@ -9,6 +9,8 @@ release is an experiment and is never certified (it warns with
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from scipy.special import logsumexp
 from sklearn.base import BaseEstimator, ClassifierMixin
@@ -71,7 +73,7 @@ class GMMReleaser(ClassifierMixin, BaseEstimator):
 
     def fit(self, X, y):
         """Release a GMM of ``(X, y)``."""
-        X, y = validate_data(self, X, y, dtype=np.float64)
+        X, y = _validated(self, X, y, dtype=np.float64)
         check_classification_targets(y)
         if X.shape[0] < 2:
             raise ValueError(f"n_samples={X.shape[0]}: a release needs at least two rows")
@@ -91,7 +93,7 @@ class GMMReleaser(ClassifierMixin, BaseEstimator):
 
     def _joint_log_likelihood(self, X) -> np.ndarray:
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=np.float64)
+        X = _validated(self, X, reset=False, dtype=np.float64)
         return self.release_.gmm._joint_log_prob(X)
 
     def predict_log_proba(self, X) -> np.ndarray:
@@ -117,3 +119,16 @@ class GMMReleaser(ClassifierMixin, BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = self.random_state is None
         return tags
+
+
+def _validated(estimator, *args, **kwargs):
+    """scikit-learn's ``validate_data``, its errors without the data: its message for a 1-d
+    array quotes the array's values (``array=[5.1 4.9 ...]``), and the rows are private."""
+    try:
+        return validate_data(estimator, *args, **kwargs)
+    except ValueError as exc:
+        message = str(exc)
+        cleaned = re.sub(r"\narray=\[.*?\]\.?(\n|$)", "\n", message, flags=re.DOTALL)
+        if cleaned == message:
+            raise
+        raise ValueError(cleaned) from None

@@ -17,9 +17,9 @@ __all__ = ["GMM", "fit_gmm", "check_gmm", "definite_covariances", "SAMPLE_BLOCK"
 #: Rows per block of :meth:`GMM.sample_blocks` unless told otherwise.
 SAMPLE_BLOCK = 1 << 16
 
-#: :func:`definite_covariances`: the least reciprocal condition number of a correlation matrix
-#: left as it is, and the least eigenvalue, relative to the largest, of one repaired (a
-#: condition number that a Cholesky factor in float64 holds whatever the features' units).
+#: :func:`definite_covariances`: the least eigenvalue, relative to the largest, of a repaired
+#: correlation matrix (a condition number that a Cholesky factor in float64 holds whatever
+#: the features' units).
 DEFINITE_FLOOR = 1e-10
 
 
@@ -339,9 +339,8 @@ def fit_gmm(X, y, *, classes=None) -> GMM:
 def definite_covariances(covs: np.ndarray) -> np.ndarray:
     """``covs`` (K, d, d) with each covariance whose correlation matrix is singular to float64
     made definite: where its diagonal is finite and positive and the correlation matrix has no
-    Cholesky factor or a reciprocal condition number below ``DEFINITE_FLOOR`` (LAPACK's
-    estimate, 1-norm), its eigenvalues below that floor times the largest are raised to it
-    (correlations rebuilt from the eigendecomposition, the diagonal's scales kept). The
+    Cholesky factor, its eigenvalues below ``DEFINITE_FLOOR`` times the largest are raised to
+    it (correlations rebuilt from the eigendecomposition, the diagonal's scales kept). The
     others are returned as they are (the same array when none needs it); a covariance with a
     diagonal entry that is not positive, or not finite, is left to the caller (it has no
     scale of its own).
@@ -350,7 +349,8 @@ def definite_covariances(covs: np.ndarray) -> np.ndarray:
     features (a duplicated column, a column that is the sum of others) has an eigenvalue of
     about 1e-17 of its largest there once mapped back to the features' units, which rounding
     leaves at zero or below. The decision and the result read the correlations only, so a
-    change of a feature's units changes nothing but that feature's scale in the result."""
+    change of a feature's units changes nothing but that feature's scale in the result (up to
+    rounding where the correlation matrix is singular to within it)."""
     from scipy.linalg import lapack
 
     covs = np.asarray(covs, dtype=float)
@@ -363,13 +363,12 @@ def definite_covariances(covs: np.ndarray) -> np.ndarray:
         sd = np.sqrt(diag)
         R = C / np.outer(sd, sd)
         R = 0.5 * (R + R.T)
-        # a Cholesky factor and LAPACK's estimate of its reciprocal condition number (1-norm,
-        # O(d^2) from the factor): a third of an eigenvalue decomposition's cost at d = 1000
-        factor, info = lapack.dpotrf(R, lower=0, clean=1)
+        # (a correlation matrix with a Cholesky factor is left as it is, however ill
+        # conditioned: a release that matches a singular fit, a set of shares that sum to
+        # one, is not moved away from it)
+        _, info = lapack.dpotrf(R, lower=0, clean=0)
         if info == 0:
-            rcond, info = lapack.dpocon(factor, float(np.abs(R).sum(axis=0).max()))
-            if info == 0 and rcond >= DEFINITE_FLOOR:
-                continue
+            continue
         from .privacy.projections import project_psd  # (only here: rarely needed)
 
         w = np.linalg.eigvalsh(R)

@@ -103,3 +103,17 @@ def test_predictions_keep_their_quality_when_features_have_very_different_units(
     np.testing.assert_array_equal(a.predict(X), b.predict(X * units))
     np.testing.assert_allclose(a.predict_proba(X), b.predict_proba(X * units), atol=1e-6)
     assert np.mean(b.predict(X * units) == y) > 0.8
+
+
+def test_validation_errors_do_not_quote_the_rows(iris):
+    # scikit-learn's message for a 1-d array quotes its values ("array=[5.1 4.9 ...]"): the
+    # rows are private, so the estimator's error keeps only the rule and the hint
+    X, y = iris.X, iris.codes
+    est = GMMReleaser(epsilon=2.0, delta=1e-5, classes=[0, 1, 2], random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyLeakWarning)
+        for call in (lambda: est.fit(X[:, 0], y), lambda: est.fit(X, y).predict(X[:, 0])):
+            with pytest.raises(ValueError, match="Expected 2D array") as err:
+                call()
+            text = str(err.value)
+            assert "array=" not in text and "5.1" not in text and "Reshape" in text
