@@ -20,7 +20,7 @@ SAMPLE_BLOCK = 1 << 16
 #: :func:`definite_covariances`: the least eigenvalue, relative to the largest, of a repaired
 #: correlation matrix (a condition number that a Cholesky factor in float64 holds whatever
 #: the features' units).
-DEFINITE_FLOOR = 1e-10
+DEFINITE_FLOOR = 1e-12
 
 
 def normal_cuts(weights: np.ndarray) -> np.ndarray:
@@ -338,21 +338,21 @@ def fit_gmm(X, y, *, classes=None) -> GMM:
 
 def definite_covariances(covs: np.ndarray) -> np.ndarray:
     """``covs`` (K, d, d) with each covariance whose correlation matrix is singular to float64
-    made definite: where its diagonal is finite and positive and the correlation matrix has no
-    Cholesky factor, its eigenvalues below ``DEFINITE_FLOOR`` times the largest are raised to
-    it (correlations rebuilt from the eigendecomposition, the diagonal's scales kept). The
+    made definite: where its diagonal is finite and positive and it has no Cholesky factor,
+    its correlation matrix's eigenvalues below ``DEFINITE_FLOOR`` times the largest are raised
+    to it (correlations rebuilt from the eigendecomposition, the diagonal's scales kept). The
     others are returned as they are (the same array when none needs it); a covariance with a
-    diagonal entry that is not positive, or not finite, is left to the caller (it has no
-    scale of its own).
+    diagonal entry that is not positive, or not finite, is left to the caller (it has no scale
+    of its own).
 
     A covariance estimated in a frame whitened along an exact linear dependency of the
     features (a duplicated column, a column that is the sum of others) has an eigenvalue of
     about 1e-17 of its largest there once mapped back to the features' units, which rounding
-    leaves at zero or below. The decision and the result read the correlations only, so a
-    change of a feature's units changes nothing but that feature's scale in the result (up to
-    rounding where the correlation matrix is singular to within it)."""
-    from scipy.linalg import lapack
-
+    leaves at zero or below. The repair reads the correlations only, so a change of a
+    feature's units changes nothing but that feature's scale in a repaired covariance. Whether
+    a covariance singular to within rounding has a factor can depend on the units; either way
+    the result has one (the artifact's requirement), and only the floor of its near-zero
+    eigenvalue differs."""
     covs = np.asarray(covs, dtype=float)
     out = covs
     for k in range(covs.shape[0]):
@@ -360,19 +360,21 @@ def definite_covariances(covs: np.ndarray) -> np.ndarray:
         diag = np.diagonal(C)
         if not (np.all(np.isfinite(C)) and np.all(diag > 0)):
             continue
+        # (a covariance with a Cholesky factor is left as it is, however ill conditioned: a
+        # release that matches a singular fit, a set of shares that sum to one, is not moved
+        # away from it; and what the artifact requires is this factor)
+        try:
+            np.linalg.cholesky(C)
+            continue
+        except np.linalg.LinAlgError:
+            pass
         sd = np.sqrt(diag)
         R = C / np.outer(sd, sd)
         R = 0.5 * (R + R.T)
-        # (a correlation matrix with a Cholesky factor is left as it is, however ill
-        # conditioned: a release that matches a singular fit, a set of shares that sum to
-        # one, is not moved away from it)
-        _, info = lapack.dpotrf(R, lower=0, clean=0)
-        if info == 0:
-            continue
-        from .privacy.projections import project_psd  # (only here: rarely needed)
-
-        w = np.linalg.eigvalsh(R)
-        R = project_psd(R, DEFINITE_FLOOR * max(float(w[-1]), 1e-300))
+        w, V = np.linalg.eigh(R)  # one decomposition: floored and rebuilt from it
+        w = np.maximum(w, DEFINITE_FLOOR * max(float(w[-1]), 1e-300))
+        R = (V * w) @ V.T
+        R = 0.5 * (R + R.T)
         if out is covs:
             out = covs.copy()
         out[k] = R * np.outer(sd, sd)

@@ -1457,7 +1457,9 @@ class KLCertified(Mechanism):
                 w, mu, covs = response_estimate(m, epsilon=epsilon, n_classes=K, n_samples=N,
                                                 frame=frame, public_rows=rows,
                                                 public_index=index)
-                return check_gmm(GMM(w, mu, covs, classes))
+                # (as the Gaussian design's: definite where an exact linear dependency of the
+                # features leaves a class covariance without a Cholesky factor)
+                return check_gmm(GMM(w, mu, definite_covariances(covs), classes))
             except (ValueError, np.linalg.LinAlgError, FloatingPointError, MemoryError):
                 # never fail after the labels were drawn: the released weights with the
                 # frame's centre and unit covariance (post-processing of the same output)
