@@ -16,14 +16,13 @@ import stat
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperGroup
 
 
 class Group(TyperGroup):
@@ -279,37 +278,34 @@ def _parse_floats(text: str | None, name: str):
     return np.array(vals)
 
 
-#: Help texts made when a command's help is shown: placeholder -> the function that makes it.
-_LATE_HELP: dict[str, Callable[[], str]] = {}
+#: The built-in mechanisms' option names, as their declarations give them
+#: (:func:`option_index`), kept beside this module so that a command's help reads them
+#: without importing the mechanisms (and the numerical stack they need);
+#: ``tests/test_startup.py`` checks the file against the declarations.
+OPTION_INDEX = Path(__file__).with_name("mechanism_options.json")
 
 
-def late_help(make: Callable[[], str]) -> str:
-    """The help of an option that :class:`Command` replaces by ``make()`` when the command's
-    help is shown, so that building the command line runs (and imports) nothing ``make``
-    needs; e.g. ``--option``'s help lists the mechanisms' options."""
-    key = f"<help: {make.__module__}.{make.__qualname__}>"
-    _LATE_HELP[key] = make
-    return key
+def option_index() -> dict[str, list[str]]:
+    """The built-in mechanisms' option names, from their declarations (imports them all);
+    :func:`write_option_index` rewrites :data:`OPTION_INDEX` after one changes."""
+    from ..mechanisms import get_mechanism, mechanisms
+
+    built_in = [n for n in mechanisms()
+                if type(get_mechanism(n)).__module__.startswith("klrelease.")]
+    return {n: list(get_mechanism(n).options) for n in built_in}
 
 
-class Command(TyperCommand):
-    """A command whose options' help may be made late (:func:`late_help`)."""
-
-    def format_help(self, ctx, formatter) -> None:
-        for param in self.params:
-            make = _LATE_HELP.get(getattr(param, "help", None))
-            if make is not None:
-                param.help = make()
-        return super().format_help(ctx, formatter)
+def write_option_index() -> None:
+    """Rewrite :data:`OPTION_INDEX` from the declarations (:func:`option_index`)."""
+    OPTION_INDEX.write_text(json.dumps(option_index(), indent=1) + "\n", encoding="utf-8")
 
 
 def option_help() -> str:
-    """Help of ``--option``, built from the registered mechanisms' declarations."""
-    from ..mechanisms import get_mechanism, mechanisms
-
-    names = "; ".join(f"{n}: {', '.join(get_mechanism(n).options)}" for n in mechanisms())
-    return ("mechanism option KEY=VALUE (repeatable; types and defaults: 'klrelease mechanisms "
-            f"NAME'). {names}")
+    """Help of ``--option``: the built-in mechanisms' options from :data:`OPTION_INDEX`."""
+    index = json.loads(OPTION_INDEX.read_text(encoding="utf-8"))
+    names = "; ".join(f"{n}: {', '.join(opts)}" for n, opts in index.items())
+    return ("mechanism option KEY=VALUE (repeatable; types and defaults, and the options of "
+            f"any other mechanism: 'klrelease mechanisms NAME'). {names}")
 
 
 #: ``--option`` keys that are public inputs of every release rather than mechanism options.
@@ -620,5 +616,4 @@ def _main(argv: list[str]) -> int:
 
 def run() -> None:
     sys.exit(main())
-
 

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from .app import (
-    Command,
     Force,
     _fail,
     _load_input,
@@ -19,7 +18,6 @@ from .app import (
     app,
     check_output,
     err_console,
-    late_help,
     mechanism_inputs,
     option_help,
     out_console,
@@ -57,7 +55,7 @@ def summary_table(report) -> Table:
     return table
 
 
-@app.command("audit", cls=Command)
+@app.command("audit")
 def audit_command(
     mechanism: Annotated[str, typer.Option(help="see 'klrelease mechanisms'")],
     epsilon: Annotated[float, typer.Option(help="claimed epsilon (> 0)")],
@@ -83,7 +81,7 @@ def audit_command(
     upper: Annotated[str | None, typer.Option(help="public upper bound(s), comma list")] = None,
     norm_bound: Annotated[float | None, typer.Option(help="public bound on ||x||_2")] = None,
     classes: Annotated[str | None, typer.Option(help="the public set of classes, a,b,c")] = None,
-    option: Annotated[list[str] | None, typer.Option(help=late_help(option_help))] = None,
+    option: Annotated[list[str] | None, typer.Option(help=option_help())] = None,
     force: Force = False,
 ):
     """Audit a mechanism's (epsilon, delta) claim on a dataset (exit 1 on a violation)."""

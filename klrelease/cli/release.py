@@ -11,7 +11,6 @@ from typing import Annotated
 import typer
 
 from .app import (
-    Command,
     Force,
     _fail,
     _load_input,
@@ -21,7 +20,6 @@ from .app import (
     cli_message,
     describe_output,
     err_console,
-    late_help,
     mechanism_inputs,
     option_help,
     out_console,
@@ -52,7 +50,7 @@ def warn_uncertified(caught, statement: str | None) -> None:
                           highlight=False)
 
 
-@app.command(cls=Command)
+@app.command()
 def release(
     epsilon: Annotated[float, typer.Option(help="privacy parameter epsilon (> 0)")],
     delta: Annotated[float, typer.Option(help="privacy parameter delta, in (0, 1)")],
@@ -81,7 +79,7 @@ def release(
     lower: Annotated[str | None, typer.Option(help="public lower bound(s), comma list")] = None,
     upper: Annotated[str | None, typer.Option(help="public upper bound(s), comma list")] = None,
     norm_bound: Annotated[float | None, typer.Option(help="public bound on ||x||_2")] = None,
-    option: Annotated[list[str] | None, typer.Option(help=late_help(option_help))] = None,
+    option: Annotated[list[str] | None, typer.Option(help=option_help())] = None,
     force: Force = False,
 ):
     """Release a differentially private GMM of a labelled dataset."""
