@@ -2300,3 +2300,34 @@ def test_replace_one_class_floor_follows_the_class_scale_where_the_noise_hides_i
     lf = kr.as_labelled_data(X, y, classes=[0, 1, 2])
     np.testing.assert_array_equal(covariances(0.0, lf, 3.0, design="gaussian"),
                                   covariances(default, lf, 3.0, design="gaussian"))
+
+
+def test_replace_one_a_class_almost_constant_along_one_feature_converges(monkeypatch):
+    """Replace-one, a box 1.5 times the range: one class's fourth feature varies by 0.002 of
+    the other features' spread. Its eigenvalue there is lost in the noise of the first round,
+    and the floor at the noise's spectral scale released it about 7 times the fit's variance
+    even at eps = 1e6 (56 times at 1e4); at a tenth of that scale (KL(release || fit) punishes
+    an overestimated variance in proportion) it is within a few times at 1e6. Label flip
+    keeps its floor."""
+    from klrelease.gmm import fit_gmm
+
+    rng = np.random.default_rng(5)
+    XA, XB = rng.normal(size=(600, 4)), rng.normal(size=(300, 4))
+    XB[:, 3] = 3 + 0.002 * rng.normal(size=300)
+    X, y = np.vstack([XA, XB]), np.repeat([0, 1], [600, 300])
+    lo, hi = X.min(0), X.max(0)
+    data = kr.as_labelled_data(X, y, classes=[0, 1],
+                               bounds=((lo + hi) / 2 - 0.75 * (hi - lo),
+                                       (lo + hi) / 2 + 0.75 * (hi - lo)))
+    fit = fit_gmm(X, y, classes=[0, 1])
+
+    def ratios(floor):
+        monkeypatch.setitem(design.SETTINGS, "replace_one_noise_floor", floor)
+        p = kr.plan(data, None, epsilon=1e6, delta=1e-5, adjacency="replace-one")
+        return np.array([p.draw(np.random.default_rng(s)).covariances[1][3, 3]
+                         / fit.covariances[1][3, 3] for s in range(3)])
+
+    shipped = design.SETTINGS["replace_one_noise_floor"]
+    before, now = ratios(design.SETTINGS["noise_floor"]), ratios(shipped)
+    assert np.all(before > 5.0), before
+    assert np.median(now) < 2.0 and np.all(now < 5.0), now
