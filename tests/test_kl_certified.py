@@ -2307,8 +2307,9 @@ def test_replace_one_a_class_almost_constant_along_one_feature_converges(monkeyp
     the other features' spread. Its eigenvalue there is lost in the noise of the first round,
     and the floor at the noise's spectral scale released it about 7 times the fit's variance
     even at eps = 1e6 (56 times at 1e4); at a tenth of that scale (KL(release || fit) punishes
-    an overestimated variance in proportion) it is within a few times at 1e6. Label flip
-    keeps its floor."""
+    an overestimated variance in proportion) it is about twice the fit's (geometric mean of 8
+    draws; measured with four data seeds: 1.6 to 2.0 against 6.0 to 7.9). Label flip keeps
+    its floor: its releases do not read the setting."""
     from klrelease.gmm import fit_gmm
 
     rng = np.random.default_rng(5)
@@ -2324,10 +2325,19 @@ def test_replace_one_a_class_almost_constant_along_one_feature_converges(monkeyp
     def ratios(floor):
         monkeypatch.setitem(design.SETTINGS, "replace_one_noise_floor", floor)
         p = kr.plan(data, None, epsilon=1e6, delta=1e-5, adjacency="replace-one")
-        return np.array([p.draw(np.random.default_rng(s)).covariances[1][3, 3]
-                         / fit.covariances[1][3, 3] for s in range(3)])
+        r = np.random.default_rng(0)
+        return np.array([p.draw(r).covariances[1][3, 3] / fit.covariances[1][3, 3]
+                         for _ in range(8)])
 
     shipped = design.SETTINGS["replace_one_noise_floor"]
     before, now = ratios(design.SETTINGS["noise_floor"]), ratios(shipped)
-    assert np.all(before > 5.0), before
-    assert np.median(now) < 2.0 and np.all(now < 5.0), now
+    assert before.min() > 5.0, before
+    assert np.exp(np.mean(np.log(now))) < 0.5 * before.min(), (before, now)
+
+    def flip(floor):
+        monkeypatch.setitem(design.SETTINGS, "replace_one_noise_floor", floor)
+        p = kr.plan(kr.as_labelled_data(X, y, classes=[0, 1]), None, epsilon=5.0, delta=1e-5,
+                    design="gaussian")
+        return p.draw(np.random.default_rng(1)).covariances
+
+    np.testing.assert_array_equal(flip(1.0), flip(shipped))

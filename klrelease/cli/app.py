@@ -301,11 +301,17 @@ def write_option_index() -> None:
 
 
 def option_help() -> str:
-    """Help of ``--option``: the built-in mechanisms' options from :data:`OPTION_INDEX`."""
-    index = json.loads(OPTION_INDEX.read_text(encoding="utf-8"))
-    names = "; ".join(f"{n}: {', '.join(opts)}" for n, opts in index.items())
-    return ("mechanism option KEY=VALUE (repeatable; types and defaults, and the options of "
-            f"any other mechanism: 'klrelease mechanisms NAME'). {names}")
+    """Help of ``--option``: the built-in mechanisms' options from :data:`OPTION_INDEX`
+    (read whenever the command line is built: without a readable index the help lists none,
+    and every command still runs)."""
+    text = ("mechanism option KEY=VALUE (repeatable; types and defaults, and the options of "
+            "any other mechanism: 'klrelease mechanisms NAME')")
+    try:
+        index = json.loads(OPTION_INDEX.read_text(encoding="utf-8"))
+        names = "; ".join(f"{n}: {', '.join(opts)}" for n, opts in index.items())
+    except (OSError, ValueError, AttributeError, TypeError):
+        return text
+    return f"{text}. {names}"
 
 
 #: ``--option`` keys that are public inputs of every release rather than mechanism options.

@@ -136,13 +136,14 @@ SETTINGS = {
     "eigen_margin": 1.0,  # pooled eigenvalues lowered by this x their noise scale
     "class_floor": 0.1,  # class eigenvalues >= this x the smallest target eigenvalue, at most
     "noise_floor": 1.0,  # ... and at most this x the noise scale of the class estimate
+    #                      (label flip)
     # ... under replace-one, at most this x that scale: an eigenvalue lost in the noise is
     # released too wide by up to noise_floor x the noise's scale over its true value, which
     # KL(release || fit) punishes in proportion (a class almost constant along one direction:
-    # AER CreditCard's cardless class along the expenditure share, 66x too wide at eps 1e6
-    # with 1.0, 6.6x with 0.1). At 0.1 no held-out, development, wide or study set is more
-    # than 1.06x worse at eps 1-1000 (geometric means 1.000 / 0.998 / 0.994 / 0.986 at eps 1
-    # / 5 / 100 / 1000); under label flip's Gaussian design 0.1 made COUNT.medpar 2.5x worse
+    # AER CreditCard's cardless class, 66x its fit's variance along its thinnest direction at
+    # eps 1e6 with 1.0, 6.6x with 0.1). At 0.1 no held-out, development, wide or study set is
+    # more than 1.06x worse at eps 1-1000 (geometric means 1.000 / 0.998 / 0.994 / 0.986 at eps
+    # 1 / 5 / 100 / 1000); under label flip's Gaussian design 0.1 made COUNT.medpar 2.5x worse
     # at eps 5, so label flip keeps noise_floor
     "replace_one_noise_floor": 0.1,
     # replace-one: class eigenvalues also >= this x min(m, e^2 / m), m the estimate's mean
