@@ -37,6 +37,7 @@ from pydantic import (
     model_validator,
 )
 
+from ._io import read_failure
 from ._version import SCHEMA_VERSION, __version__
 from .gmm import GMM, check_gmm
 from .neighbours import Adjacency
@@ -191,6 +192,10 @@ class Release(BaseModel):
 
         doc = _parse(text, public_key)
         version = doc.get("schema_version") if isinstance(doc, dict) else None
+        if isinstance(doc, dict) and "pairs_examined" in doc:
+            raise ValueError("not a klrelease artifact: an audit report (plain JSON)")
+        if version is None:
+            raise ValueError("not a klrelease artifact (JSON without a schema_version)")
         if not isinstance(version, str) or version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
             raise ValueError(
                 f"artifact schema {version!r} is not readable by this version "
@@ -216,7 +221,7 @@ class Release(BaseModel):
         try:
             text = Path(path).read_text()
         except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
+            raise ValueError(read_failure(path, exc)) from None
         return cls.from_json(text, public_key=public_key)
 
     def summary(self) -> str:
@@ -417,7 +422,7 @@ def read_document(path, *, public_key=None) -> Release | LearnerRelease | FailDo
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
+        raise ValueError(read_failure(path, exc)) from None
     doc = _parse(text, public_key)
     if not (isinstance(doc, dict) and doc.get("status") == "FAIL"):
         if isinstance(doc, dict) and "learner" in doc:

@@ -29,6 +29,7 @@ import time
 import uuid
 from typing import Any
 
+from ._io import read_failure
 from .artifact import FailDocument, Release
 
 __all__ = ["Client", "ServiceError", "BudgetExceededError", "NotReleasedError",
@@ -90,7 +91,7 @@ def public_key_from(source: str) -> str:
     try:
         return Path(source).read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {source}: {exc.__class__.__name__}") from None
+        raise ValueError(read_failure(source, exc)) from None
 
 
 class Client:

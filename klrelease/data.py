@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._io import read_failure
 from .domain import Domain
 
 __all__ = [
@@ -434,7 +435,7 @@ def read_csv_header(path, delimiter: str = ",") -> list[str] | None:
         with _open_csv(path) as fh:
             first = next(csv.reader(fh, delimiter=delimiter), None)
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
+        raise ValueError(read_failure(path, exc)) from None
     return None if first is None else check_csv_header(path, first)
 
 
@@ -448,7 +449,7 @@ def load_csv(path, label_column: str, *, delimiter: str = ","):
         with _open_csv(path) as fh:
             rows = list(csv.reader(fh, delimiter=delimiter))
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
+        raise ValueError(read_failure(path, exc)) from None
     if not rows:
         raise ValueError(f"{path} is empty")
     header, body = check_csv_header(path, rows[0]), [r for r in rows[1:] if r]
@@ -476,14 +477,23 @@ def load_npz(path):
     """Read an ``.npz`` archive holding arrays ``X`` and ``y``; returns ``(X, y)``."""
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
+        z = np.load(path, allow_pickle=False)
+    except ValueError:  # numpy's words for a file that is not an array file (a CSV, text)
+        raise ValueError(f"{path} is not an .npz archive") from None
+    except Exception as exc:  # zipfile / OSError variants
+        raise ValueError(read_failure(path, exc)) from None
+    if not isinstance(z, np.lib.npyio.NpzFile):  # one array (.npy)
+        raise ValueError(f"{path} is not an .npz archive (one array; np.savez(path, X=X, "
+                         "y=y) writes one)")
+    try:
+        with z:
             if "X" not in z or "y" not in z:
                 raise ValueError(f"{path} must hold arrays named 'X' and 'y'")
             return z["X"], z["y"]
     except ValueError:
         raise
-    except Exception as exc:  # zipfile / OSError variants
-        raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
+    except Exception as exc:  # a damaged member
+        raise ValueError(read_failure(path, exc)) from None
 
 
 def _bundled_file(filename: str) -> Path:
@@ -522,7 +532,7 @@ def read_ts(path) -> tuple[np.ndarray, np.ndarray]:
     try:
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
+        raise ValueError(read_failure(path, exc)) from None
     series, labels = [], []
     for line in lines:
         line = line.strip()

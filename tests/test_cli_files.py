@@ -132,6 +132,9 @@ def test_an_interrupted_experiment_leaves_no_empty_folder(tmp_path):
     (["--option", "adjacency=replace-one"], "pass --lower/--upper or --norm-bound B",
      "bounds=("),
     (["--classes", "0,1"], "the labels contain a label", "y contains"),
+    (["--mechanism", "gaussian-iid"], "adjacency, --option bounds=features", "bounds='"),
+    (["--mechanism", "colored-gaussian", "--option", "adjacency=replace-one", "--lower", "-9",
+      "--upper", "9"], "give --option design=public for replace-one", "design='public'"),
 ])
 def test_errors_name_the_flags(tmp_path, monkeypatch, capsys, args, flag, api):
     monkeypatch.chdir(tmp_path)
@@ -204,3 +207,45 @@ def test_a_declared_class_label_may_hold_a_comma_when_quoted(tmp_path, monkeypat
                  "--delta", "1e-5", "--classes", 'cat,dog,"emu, adult"', "--out",
                  "r.json"]) == 0
     assert list(Release.load(tmp_path / "r.json").gmm.classes) == labels
+
+
+def test_unreadable_inputs_are_named_plainly(tmp_path, monkeypatch, capsys):
+    """A file that cannot be read is named with a reason that quotes none of its content."""
+    monkeypatch.chdir(tmp_path)
+    np.save("one.npy", np.zeros(3))
+    (tmp_path / "t.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "bin.csv").write_bytes(b"a,b\n\xff\xfe,1\n")
+    for args, said in ((["--npz", "missing.npz"], "cannot read missing.npz: no such file"),
+                       (["--npz", "one.npy"], "one.npy is not an .npz archive"),
+                       (["--npz", "t.csv"], "t.csv is not an .npz archive"),
+                       (["--npz", "."], "cannot read .: a directory, not a file"),
+                       (["--csv", "bin.csv", "--label-column", "b"],
+                        "cannot read bin.csv: not UTF-8 text")):
+        assert main(["release", *args, "--epsilon", "1", "--delta", "1e-5",
+                     "--out", "x.json"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.splitlines()) == 1, err
+    (tmp_path / "rep.json").write_text(json.dumps({"schema_version": "1",
+                                                   "pairs_examined": 3}))
+    assert main(["inspect", "rep.json"]) == 2
+    assert "not a klrelease artifact: an audit report" in capsys.readouterr().err
+    assert main(["release", "--epsilon", "1", "--delta", "1e-5", "--out", "x.json"]) == 2
+    assert "--npz FILE or --parquet PATH" in capsys.readouterr().err
+
+
+def test_sizes_accountants_and_short_help(artifact, capsys):
+    assert main(["plot", "r.json", "--bins", "100000000", "--out", "p.png"]) == 2
+    assert "--bins must be between 1 and" in capsys.readouterr().err
+    rows = np.random.default_rng(0).normal(size=(200, 2))
+    np.savetxt(artifact.parent / "u.csv", rows, delimiter=",", header="a,b", comments="")
+    assert main(["learn", "--csv", "u.csv", "--components", "2", "--epsilon", "1", "--delta",
+                 "1e-6", "--learner", "dp-em", "--accountant", "zcdp", "--out", "l.json"]) == 2
+    assert "has no --accountant (only the Kamath" in capsys.readouterr().err
+    # the learner's progress bar goes to standard error: standard output is the result line
+    assert main(["learn", "--csv", "u.csv", "--components", "2", "--epsilon", "1", "--delta",
+                 "1e-6", "--learner", "dp-em", "--param", "R=10", "--param", "sigma_max=2",
+                 "--out", "l.json"]) == 0
+    assert capsys.readouterr().out.startswith("dp-em: released a 2-component GMM")
+    assert main(["release", "-h"]) == 0
+    assert "Usage: klrelease release" in capsys.readouterr().out
+

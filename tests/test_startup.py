@@ -136,3 +136,10 @@ def test_the_command_line_runs_without_the_option_index(monkeypatch, tmp_path, c
     assert main(["--version"]) == 0
     assert "klrelease" in capsys.readouterr().out
 
+
+def test_the_help_names_every_bundled_dataset():
+    from klrelease.cli.app import BUNDLED
+    from klrelease.data import DATASETS
+
+    assert BUNDLED == tuple(sorted(DATASETS))
+

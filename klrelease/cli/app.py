@@ -45,6 +45,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
@@ -314,6 +315,12 @@ def option_help() -> str:
     return f"{text}. {names}"
 
 
+#: The bundled datasets (``klrelease.data.DATASETS``, named here so that a command's help does
+#: not import the data module; ``tests/test_startup.py`` checks the two agree).
+BUNDLED = ("iris", "italy-power")
+DATASET_HELP = f"a bundled dataset: {', '.join(BUNDLED)}"
+
+
 #: ``--option`` keys that are public inputs of every release rather than mechanism options.
 DATA_KEYS = ("norm_bound", "classes")
 
@@ -432,13 +439,16 @@ def mechanism_inputs(mechanism, option, lower, upper, norm_bound=None, classes=N
     return opts, bounds, classes
 
 
-def _load_input(dataset, csv_path, label_column, npz_path, classes=None):
-    """The labelled data of one input; ``classes`` is the declared set of classes."""
+def _load_input(dataset, csv_path, label_column, npz_path, classes=None, parquet=False):
+    """The labelled data of one input; ``classes`` is the declared set of classes;
+    ``parquet``: the command also reads ``--parquet`` (named in the message)."""
     from ..data import as_labelled_data, load_csv, load_dataset, load_npz
 
     given = [x is not None for x in (dataset, csv_path, npz_path)]
     if sum(given) != 1:
-        _fail("give exactly one input: --dataset NAME, --csv FILE or --npz FILE")
+        inputs = ("--dataset NAME, --csv FILE, --npz FILE or --parquet PATH" if parquet
+                  else "--dataset NAME, --csv FILE or --npz FILE")
+        _fail(f"give exactly one input: {inputs}")
     if dataset is not None:
         if classes is not None:
             _fail("--classes goes with --csv or --npz; a bundled dataset declares its classes")
@@ -497,6 +507,8 @@ FLAG_NAMES = (
     (r"bounds=\(lower, upper\)", "--lower/--upper"),
     (r"bounds='features'", "--option bounds=features"),
     (r"bounds_from_data=True", "--option bounds_from_data=true"),
+    (r"adjacency=['\"]([\w-]+)['\"]", r"--option adjacency=\1"),
+    (r"design=['\"]([\w-]+)['\"]", r"--option design=\1"),
     (r"norm_bound=B", "--norm-bound B"),
     (r"norm_bound=", "--norm-bound"),
     (r"bounds=", "--lower/--upper"),
@@ -517,13 +529,19 @@ def cli_message(message: str) -> str:
     """A library error message with the command line's flags in place of API arguments
     (``bounds=(lower, upper)`` becomes ``--lower/--upper``)."""
     text = _one_line(message)
+    made: list[str] = []  # each replacement is held out of the later patterns' reach
+
+    def hold(replacement: str) -> str:
+        made.append(replacement)
+        return f"\x00{len(made) - 1}\x00"
+
     for pattern, flag in FLAG_NAMES:
         if flag is None:  # the argument's own flag: --norm-bound, --classes, --epsilon...
-            text = re.sub(r"(?<![-\w])" + pattern, lambda m: "--" + m.group(1).replace(
-                "_", "-") + " must", text)
+            text = re.sub(r"(?<![-\w])" + pattern, lambda m: hold("--" + m.group(1).replace(
+                "_", "-") + " must"), text)
         else:
-            text = re.sub(r"(?<![-\w])" + pattern, flag, text)
-    return text
+            text = re.sub(r"(?<![-\w])" + pattern, lambda m, f=flag: hold(m.expand(f)), text)
+    return re.sub("\x00(\\d+)\x00", lambda m: made[int(m.group(1))], text)
 
 
 #: Options whose value may be left out, and the value they then take.

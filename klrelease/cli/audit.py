@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from .app import (
+    DATASET_HELP,
     Force,
     _fail,
     _load_input,
@@ -60,7 +61,7 @@ def audit_command(
     mechanism: Annotated[str, typer.Option(help="see 'klrelease mechanisms'")],
     epsilon: Annotated[float, typer.Option(help="claimed epsilon (> 0)")],
     delta: Annotated[float, typer.Option(help="claimed delta, in (0, 1)")],
-    dataset: Annotated[str | None, typer.Option(help="a bundled dataset: iris")] = None,
+    dataset: Annotated[str | None, typer.Option(help=DATASET_HELP)] = None,
     csv: Annotated[Path | None, typer.Option(help="CSV file with a header row")] = None,
     label_column: Annotated[str | None, typer.Option(help="label column of --csv")] = None,
     npz: Annotated[Path | None, typer.Option(help=".npz file with arrays X and y")] = None,

@@ -93,7 +93,8 @@ def learn_command(
     seed: Annotated[int | None, typer.Option(help="seed: reproducible, not secure")] = None,
     accountant: Annotated[str | None, typer.Option(
         help="privacy accountant of the worst-path ledger: basic, zcdp or auto (the larger "
-             "per-piece budgets, chosen from public inputs)")] = None,
+             "per-piece budgets, chosen from public inputs); for the Kamath and Afzali-style "
+             "learners only")] = None,
     param: Annotated[list[str] | None, typer.Option(
         "--param", help="a public option of the learner, NAME=VALUE (repeatable), e.g. "
                         "--param R=10 --param sigma_min=0.1 --param sigma_max=3 in the units "
@@ -114,7 +115,8 @@ def learn_command(
     options = parse_params(learner, fn, param or [])
     if accountant is not None:
         if "accountant" not in inspect.signature(fn).parameters:
-            raise BadInput(f"learner {learner!r} has no accountant option")
+            raise BadInput(f"learner {learner!r} has no --accountant (only the Kamath and "
+                           "Afzali-style learners take one); leave the option out")
         if accountant not in ACCOUNTANTS:
             raise BadInput(f"--accountant must be one of {', '.join(ACCOUNTANTS)}")
         options["accountant"] = accountant
@@ -153,7 +155,7 @@ def learn_command(
         raise typer.Exit(3)
     out_console.print(f"{learner}: released a {res.gmm.n_components}-component GMM "
                       f"({res.guarantee.epsilon:g}, {res.guarantee.delta:g}) under "
-                      f"{res.guarantee.neighbouring} -> {out}")
+                      f"{res.guarantee.neighbouring} -> {out}", highlight=False, soft_wrap=True)
 
 
 @app.command("learners")
@@ -169,8 +171,10 @@ def list_learners(
 
     if name is None:
         for n in learners():
-            doc = (inspect.getdoc(get_learner(n)) or "").splitlines()
-            out_console.print(f"{n:30s} {doc[0] if doc else ''}", highlight=False)
+            doc = (inspect.getdoc(get_learner(n)) or "").split("\n\n")[0]
+            first = " ".join(doc.split()).replace("``", "").replace(
+                " (see the module docstring)", "")
+            out_console.print(f"{n:30s} {first}", highlight=False)
         return
     try:
         with warnings.catch_warnings(record=True) as caught:

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from .app import Group, _fail, app, err_console, out_console, parse_classes
+from .app import DATASET_HELP, Group, _fail, app, err_console, out_console, parse_classes
 
 __all__ = ["service_app"]
 
@@ -63,7 +63,7 @@ def dataset_add(
     csv: Annotated[str | None, typer.Option(help="a CSV file with a header row")] = None,
     parquet: Annotated[str | None, typer.Option(
         help="Parquet file(s): a path, a directory or a glob")] = None,
-    bundled: Annotated[str | None, typer.Option(help="a bundled dataset: iris")] = None,
+    bundled: Annotated[str | None, typer.Option(help=DATASET_HELP)] = None,
     label_column: Annotated[str | None, typer.Option(help="the label column")] = None,
     classes: Annotated[str | None, typer.Option(
         help="the declared classes a,b,c (public; every label must be one of them)")] = None,

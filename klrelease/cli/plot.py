@@ -12,6 +12,10 @@ from .app import BadInput, Force, app, atomic_output, check_output, err_console
 __all__ = ["plot_command"]
 
 
+#: The most histogram bins a plot draws (a figure has a few hundred pixels per panel).
+MAX_BINS = 10_000
+
+
 @app.command("plot")
 def plot_command(
     artifact: Annotated[Path, typer.Argument(help="a release artifact or a learner's (JSON)")],
@@ -34,8 +38,8 @@ def plot_command(
     if out.suffix.lower() != ".png":
         raise BadInput(f"--out must name a .png file, got {out}")
     check_output(out, force)
-    if bins < 1:
-        raise BadInput(f"--bins must be >= 1, got {bins}")
+    if not 1 <= bins <= MAX_BINS:
+        raise BadInput(f"--bins must be between 1 and {MAX_BINS}, got {bins}")
     if (data is None) != (label_column is None):
         raise BadInput("give --data and --label-column together")
     rel = load_model(artifact)

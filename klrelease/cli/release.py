@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from .app import (
+    DATASET_HELP,
     Force,
     _fail,
     _load_input,
@@ -54,7 +55,7 @@ def warn_uncertified(caught, statement: str | None) -> None:
 def release(
     epsilon: Annotated[float, typer.Option(help="privacy parameter epsilon (> 0)")],
     delta: Annotated[float, typer.Option(help="privacy parameter delta, in (0, 1)")],
-    dataset: Annotated[str | None, typer.Option(help="a bundled dataset: iris")] = None,
+    dataset: Annotated[str | None, typer.Option(help=DATASET_HELP)] = None,
     csv: Annotated[Path | None, typer.Option(
         help="CSV file with a header row (read in blocks by the mechanisms that stream)")] = None,
     label_column: Annotated[str | None, typer.Option(help="label column of --csv")] = None,
@@ -115,7 +116,7 @@ def release(
 
         data = CSVSource(csv, label_column, classes=classes)  # read in blocks by the release
     else:
-        data = _load_input(dataset, csv, label_column, npz, classes)
+        data = _load_input(dataset, csv, label_column, npz, classes, parquet=True)
     with warnings.catch_warnings(record=True) as caught, _dask_client(dask) as client:
         warnings.simplefilter("always")
         if client is not None:

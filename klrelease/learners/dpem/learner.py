@@ -158,9 +158,10 @@ def em_statistics(T: np.ndarray, weights: np.ndarray, reg: Regions, r: float
 def _bar(progress: bool, total: int):
     if not progress:
         return None
+    from rich.console import Console
     from rich.progress import Progress
 
-    bar = Progress(transient=True)
+    bar = Progress(transient=True, console=Console(stderr=True))  # stdout holds results
     bar.start()
     return bar, bar.add_task("dp-em iterations", total=total)
 

@@ -112,9 +112,10 @@ def ball_counts_tree(candidates: np.ndarray, points: np.ndarray, radii: np.ndarr
 def _bar(progress: bool, label: str, total: int):
     if not progress:
         return None
+    from rich.console import Console
     from rich.progress import Progress
 
-    bar = Progress(transient=True)
+    bar = Progress(transient=True, console=Console(stderr=True))  # stdout holds results
     bar.start()
     return bar, bar.add_task(label, total=total)
 

@@ -179,6 +179,9 @@ class ColoredGaussian(Mechanism):
         design = opts["design"]
         adjacencies = (Adjacency.LABEL_FLIP,) if design == "data" else \
             (Adjacency.LABEL_FLIP, Adjacency.REPLACE_ONE)
+        if design == "data" and opts["adjacency"] == Adjacency.REPLACE_ONE.value:
+            raise ValueError(f"{self.name}'s design 'data' is label flip only; give "
+                             "design='public' for replace-one")
         common = resolve_common(data, opts, self.name, adjacencies=adjacencies)
         K, d = data.n_classes, data.n_features
         d_pi, _, d_S = block_sensitivities(common, "l2")

@@ -120,6 +120,10 @@ def check_domain_scale(domain: Domain, mechanism: str) -> None:
     the floating-point range (a squared width of 1e-160 underflows, of 1e160 overflows)."""
     w = np.asarray(domain.ranges, dtype=float)
     lo, hi = DOMAIN_WIDTHS
+    if getattr(domain, "source", None) == "features" and np.any(w == 0):
+        # bounds='features' under label flip: the features are public
+        raise ValueError(f"{mechanism}: bounds='features' gives a constant feature no width; "
+                         "give bounds=(lower, upper) or drop the feature")
     if not (np.all(np.isfinite(w)) and w.min() >= lo and w.sum() <= hi):
         raise ValueError(
             f"{mechanism}: the public bound's widths must lie between {lo:g} and {hi:g} "
