@@ -77,7 +77,7 @@ def test_dash_is_standard_output(artifact):
     assert "standard output" in r.stderr
     r = run([*RELEASE, "--out", "-"], artifact.parent)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["mechanism"] == "kl-certified"
+    assert json.loads(r.stdout)["mechanism"] == "kl-certified" and r.stdout.endswith("}\n")
     assert not (artifact.parent / "-").exists()
     r = run(["plot", "r.json", "--out", "-"], artifact.parent)
     assert r.returncode == 2 and not (artifact.parent / "-").exists()

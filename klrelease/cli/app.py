@@ -224,6 +224,8 @@ def atomic_output(path: Path, mode: str = "w", force: bool = False, stdout: bool
     if is_stdout(path):
         stream = sys.stdout.buffer if "b" in mode else sys.stdout
         yield stream
+        if "b" not in mode:  # text (an artifact's JSON) ends its last line on a terminal
+            stream.write("\n")
         stream.flush()
         return
     with signals_raise():
