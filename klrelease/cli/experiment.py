@@ -8,6 +8,7 @@ studies listed by :func:`_extra_experiments`.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from pathlib import Path
 from typing import Annotated
@@ -55,15 +56,16 @@ def _solver_study(*, out: Path, quick: bool, trials: int | None,
     return f"solver-study -> {folder}"
 
 
-def _certified_study(name: str, runner: str, result: str):
-    """A study of ``klrelease.experiments.certified``: ``runner`` writes ``result`` under
-    ``out/certified``; ``--draws`` (or ``--trials``) sets its Monte Carlo draws."""
+def _certified_study(name: str, runner: str, result: str, module: str = "certified"):
+    """A study of kl-certified (in ``klrelease.experiments.<module>``): ``runner`` writes
+    ``result`` under ``out/certified``; ``--draws`` (or ``--trials``) sets its Monte Carlo
+    draws."""
 
     def run(*, out: Path, quick: bool, trials: int | None, draws: int | None = None,
             **_) -> str:
-        from ..experiments import certified
+        studies = importlib.import_module(f"klrelease.experiments.{module}")
 
-        folder = getattr(certified, runner)(
+        folder = getattr(studies, runner)(
             out, quick=quick, trials=draws or trials,
             log=lambda line: err_console.print(line, highlight=False))
         return f"{name} -> {folder / result}"
@@ -87,13 +89,15 @@ def _extra_experiments() -> dict:
                                               "heldout_sweep.md"),
             "heldout-loose": _certified_study("heldout-loose", "run_heldout_loose",
                                               "heldout_loose.md"),
-            "bias-floor": _certified_study("bias-floor", "run_bias_floor", "bias_floor.md")}
+            "bias-floor": _certified_study("bias-floor", "run_bias_floor", "bias_floor.md"),
+            "fresh-sets": _certified_study("fresh-sets", "run_fresh_sets", "fresh_sets.md",
+                                           module="fresh")}
 
 
 #: Options that only some studies take: option -> the studies that take it.
 STUDY_OPTIONS = {"--time-limit": ("solver-study",),
                  "--draws": ("certified", "loose-bounds", "oracle-bound", "rate-in-n", "heldout",
-                             "heldout-sweep", "heldout-loose", "bias-floor")}
+                             "heldout-sweep", "heldout-loose", "bias-floor", "fresh-sets")}
 
 
 def report_outcomes(rows: list[dict]) -> None:
@@ -136,7 +140,7 @@ def experiment_command(
         help="fig1..fig13, or a study: ppe-regimes, learners-regimes, learners-speed, "
              "information-limit, "
              "solver-study, certified, loose-bounds, oracle-bound, rate-in-n, heldout, "
-             "heldout-sweep, heldout-loose, bias-floor")],
+             "heldout-sweep, heldout-loose, bias-floor, fresh-sets")],
     quick: Annotated[bool, typer.Option("--quick", metavar="",
                                         help="a reduced run for CI (seconds)")] = False,
     trials: Annotated[int | None, typer.Option(
@@ -149,9 +153,9 @@ def experiment_command(
     ] = None,
     draws: Annotated[int | None, typer.Option(
         "--draws", help="certified, loose-bounds, oracle-bound, rate-in-n, heldout, "
-                        "heldout-sweep, heldout-loose, bias-floor: Monte Carlo draws per cell "
-                        "(defaults 100, 40, 20, 10, 8, 8, 8 and 8; with --quick 10, 4, 3, 2, 2, "
-                        "2, 2 and 2)")
+                        "heldout-sweep, heldout-loose, bias-floor, fresh-sets: Monte Carlo draws "
+                        "per cell (defaults 100, 40, 20, 10, 8, 8, 8, 8 and 8; with --quick 10, "
+                        "4, 3, 2, 2, 2, 2, 2 and 2)")
     ] = None,
 ):
     """Reproduce one of the paper's figures, or a study: CSV of every trial, PNG and JSON."""

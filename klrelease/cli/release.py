@@ -12,6 +12,7 @@ import typer
 
 from .app import (
     DATASET_HELP,
+    ONE_INPUT_WITH_PARQUET,
     Force,
     _fail,
     _load_input,
@@ -99,8 +100,7 @@ def release(
         _fail("--dask goes with --parquet")
     if parquet is not None:
         if any(x is not None for x in (dataset, csv, npz)):
-            _fail("give exactly one input: --dataset NAME, --csv FILE, --npz FILE or "
-                  "--parquet PATH")
+            _fail(ONE_INPUT_WITH_PARQUET)
         if label_column is None:
             _fail("--parquet needs --label-column NAME")
         if not getattr(mech, "streams", False):

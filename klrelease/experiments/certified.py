@@ -672,7 +672,7 @@ HELDOUT_TUNED = ("`response_noise_floor` (the response design's eigenvalue floor
                  "development, wide or study sets more than 1.5x worse at eps 1 to 1000); "
                  "`noise_floor` (an eigenvalue lost in the noise floored at this x the noise's "
                  "spectral scale, 1.0 -> 0.1, prompted by three sets of "
-                 "`experiments/certified/fresh_sets.py`; measured on these, the development, "
+                 "`klrelease experiment fresh-sets`; measured on these, the development, "
                  "wide and study sets: under replace-one none more than 1.06x worse at eps 1 "
                  "to 1000, under label flip's Gaussian design COUNT.medpar 2.5x at eps 5)")
 

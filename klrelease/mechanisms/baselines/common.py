@@ -117,10 +117,12 @@ DOMAIN_WIDTHS = (1e-150, 1e150)
 
 def check_domain_scale(domain: Domain, mechanism: str) -> None:
     """Refuse a public domain whose widths would put a sensitivity or a noise scale outside
-    the floating-point range (a squared width of 1e-160 underflows, of 1e160 overflows)."""
+    the floating-point range (a squared width of 1e-160 underflows, of 1e160 overflows); a
+    box read from the features (``bounds='features'``, label flip only: the features are
+    public) with a constant feature is named as such."""
     w = np.asarray(domain.ranges, dtype=float)
     lo, hi = DOMAIN_WIDTHS
-    if getattr(domain, "source", None) == "features" and np.any(w == 0):
+    if domain.source == "features" and np.any(w == 0):
         # bounds='features' under label flip: the features are public
         raise ValueError(f"{mechanism}: bounds='features' gives a constant feature no width; "
                          "give bounds=(lower, upper) or drop the feature")

