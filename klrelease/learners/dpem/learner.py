@@ -26,7 +26,7 @@ from ...privacy.tape import released
 from ...privacy.toolbox import symmetric_gaussian
 from ...statistics import clip_to_norm
 from ...stream.sources import CHANGED, ArraySource, Source, SourceReadError, add_tuples
-from ..kamath.common import guarantee, structure_rng, structure_seed, success
+from ..kamath.common import guarantee, progress_bar, structure_rng, structure_seed, success
 from ..result import LearnResult, register_learner
 from .design import (
     Design,
@@ -155,17 +155,6 @@ def em_statistics(T: np.ndarray, weights: np.ndarray, reg: Regions, r: float
     return n, A, B
 
 
-def _bar(progress: bool, total: int):
-    if not progress:
-        return None
-    from rich.console import Console
-    from rich.progress import Progress
-
-    bar = Progress(transient=True, console=Console(stderr=True))  # stdout holds results
-    bar.start()
-    return bar, bar.add_task("dp-em iterations", total=total)
-
-
 def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
                rng: np.random.Generator, R: float, sigma_max: float,
                sigma_min: float | None = None, iterations: int | None = None,
@@ -215,7 +204,7 @@ def learn_dpem(X, n_components: int, *, epsilon: float, delta: float,
     subset = None if m >= n else np.sort(structure_rng(master, "subsample").choice(
         n, size=m, replace=False))
     diag: dict = {"ledger": ledger.to_dict(), "design": design.public(), "iterations": []}
-    bar = _bar(progress, design.iterations + 1)
+    bar = progress_bar(progress, "dp-em iterations", design.iterations + 1)
     frame = Frame(design.ball * sigma_max, sigma_max)
     with np.errstate(all="ignore"):  # no floating-point warning may depend on the data
         if design.pca_s > 0:

@@ -32,7 +32,8 @@ from ...privacy.toolbox import (
     stable_histogram,
     symmetric_gaussian,
 )
-from .radius import _bar, ball_counts, ball_counts_tree, capped_top_mean, radius_counter, use_tree
+from .common import progress_bar
+from .radius import ball_counts, ball_counts_tree, capped_top_mean, radius_counter, use_tree
 
 __all__ = [
     "Ball",
@@ -125,7 +126,7 @@ def _halting_radius(X: np.ndarray, radii: np.ndarray, order: np.ndarray, value_a
             return values[order[j]]
     else:
         count = radius_counter(X, X)
-        bar = _bar(progress, label, len(radii))
+        bar = progress_bar(progress, label, len(radii))
 
         def query(j):
             v = value_one(count, float(radii[order[j]]))

@@ -1,4 +1,5 @@
-"""Helpers shared by the Kamath et al. and Afzali et al. learners: guarantee, FAIL, seeds."""
+"""Helpers shared by the learners (Kamath et al., Afzali et al., dp-em): guarantee, FAIL,
+seeds, a progress bar."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ...neighbours import Adjacency
 from ...privacy.ledger import Ledger
 from ..result import LearnResult
 
-__all__ = ["guarantee", "fail", "success", "structure_rng", "structure_seed"]
+__all__ = ["guarantee", "fail", "success", "structure_rng", "structure_seed", "progress_bar"]
 
 
 def guarantee(ledger: Ledger, name: str, doc: str) -> Guarantee:
@@ -71,3 +72,17 @@ def structure_seed(rng: np.random.Generator) -> int:
 def structure_rng(master: int, path: str) -> np.random.Generator:
     """Generator for one node of a recursion, a function of the public seed and path only."""
     return np.random.default_rng([master, zlib.crc32(path.encode())])
+
+
+def progress_bar(progress: bool, label: str, total: int):
+    """``(bar, task)`` of a started transient progress bar on standard error (standard output
+    holds results), or ``None`` without ``progress``; the caller advances and stops it."""
+    if not progress:
+        return None
+    from rich.console import Console
+    from rich.progress import Progress
+
+    bar = Progress(transient=True, console=Console(stderr=True))
+    bar.start()
+    return bar, bar.add_task(label, total=total)
+

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .common import progress_bar
+
 __all__ = ["ball_counts", "ball_counts_tree", "capped_top_mean", "radius_counter",
            "use_tree"]
 
@@ -97,7 +99,7 @@ def ball_counts_tree(candidates: np.ndarray, points: np.ndarray, radii: np.ndarr
                          np.asarray(points, dtype=np.float64))
     radii = np.asarray(radii, dtype=np.float64)
     out = np.zeros((len(count.C), len(radii)), dtype=np.int64)
-    bar = _bar(progress, label, len(radii))
+    bar = progress_bar(progress, label, len(radii))
     try:
         for j, r in enumerate(radii):
             out[:, j] = count(float(r))
@@ -107,17 +109,6 @@ def ball_counts_tree(candidates: np.ndarray, points: np.ndarray, radii: np.ndarr
         if bar is not None:
             bar[0].stop()
     return out
-
-
-def _bar(progress: bool, label: str, total: int):
-    if not progress:
-        return None
-    from rich.console import Console
-    from rich.progress import Progress
-
-    bar = Progress(transient=True, console=Console(stderr=True))  # stdout holds results
-    bar.start()
-    return bar, bar.add_task(label, total=total)
 
 
 def counts_within(d2: np.ndarray, sq: np.ndarray) -> np.ndarray:
@@ -151,7 +142,7 @@ def ball_counts(candidates: np.ndarray, points: np.ndarray, radii: np.ndarray, *
     cn = np.einsum("ij,ij->i", C, C)
     step = max(1, min(nc, int(max_pairs // max(n, 1))))
     starts = range(0, nc, step)
-    bar = _bar(progress, label, nc)
+    bar = progress_bar(progress, label, nc)
     try:
         for s in starts:
             e = min(nc, s + step)
